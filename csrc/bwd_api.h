@@ -1,0 +1,26 @@
+// Entry points of the kernel library for the torch binding. No torch, no CuTe.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+#include "kernels/bwd_params.h"
+
+namespace dash {
+
+// Whether this build compiled the backward for (head_dim, dtype).
+bool bwd_is_built(int head_dim, DType dtype);
+// Head dims / dtypes compiled into this build, e.g. "64, 128" and "bfloat16, float16".
+std::string bwd_built_head_dims();
+std::string bwd_built_dtypes();
+
+// Workspace the caller must allocate (any contents: the preprocess kernel initialises it).
+BwdWorkspaceSizes bwd_workspace_sizes(BwdParams const& params);
+
+// Enqueue preprocess, main and dQ-convert kernels on `stream`. Throws std::runtime_error
+// (naming what was asked and what is built) for an unsupported combination, and on any
+// launch error.
+void run_bwd(BwdParams const& params, cudaStream_t stream);
+
+}  // namespace dash

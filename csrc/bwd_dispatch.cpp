@@ -1,0 +1,123 @@
+// Dispatch from runtime (head dim, dtype) to the translation units this build compiled.
+// Which ones exist is decided by setup.py (DASH_HDIMS / DASH_DTYPES) through the
+// DASH_BUILD_HDIM<d> / DASH_BUILD_<DTYPE> macros.
+#include "bwd_api.h"
+
+#include <stdexcept>
+#include <string>
+
+#include "generated/bwd_config.h"
+
+namespace cutlass {
+struct bfloat16_t;
+struct half_t;
+}  // namespace cutlass
+
+namespace dash {
+
+template <int kHeadDim, class Element>
+void run_bwd_hdim(BwdParams const& params, cudaStream_t stream);
+
+template <int kHeadDim, bool Is_causal>
+BwdWorkspaceSizes bwd_workspace_sizes_for(BwdParams const& p) {
+  using Cfg = BwdTileConfig<kHeadDim, Is_causal>;
+  size_t const m_blocks = size_t((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM);
+  size_t const bh = size_t(p.batch) * p.num_heads;
+  BwdWorkspaceSizes w;
+  w.lse_log2_floats = bh * m_blocks * Cfg::kBlockM;
+  w.dpsum_floats = w.lse_log2_floats;
+  w.dq_accum_floats = bh * m_blocks * Cfg::kBlockM * kHeadDim;
+  w.semaphore_ints = bh * m_blocks;
+  return w;
+}
+
+namespace {
+
+char const* dtype_name(DType t) { return t == DType::kBFloat16 ? "bfloat16" : "float16"; }
+
+bool hdim_built(int d) {
+#ifdef DASH_BUILD_HDIM64
+  if (d == 64) return true;
+#endif
+#ifdef DASH_BUILD_HDIM128
+  if (d == 128) return true;
+#endif
+  return false;
+}
+
+bool dtype_built(DType t) {
+#ifdef DASH_BUILD_BF16
+  if (t == DType::kBFloat16) return true;
+#endif
+#ifdef DASH_BUILD_FP16
+  if (t == DType::kFloat16) return true;
+#endif
+  return false;
+}
+
+[[noreturn]] void not_built(BwdParams const& p) {
+  throw std::invalid_argument("DASH backward: head_dim=" + std::to_string(p.head_dim) + " with dtype " +
+                              dtype_name(p.dtype) + " is not built; built head dims: " + bwd_built_head_dims() +
+                              "; built dtypes: " + bwd_built_dtypes() +
+                              " (set DASH_HDIMS / DASH_DTYPES when building to add)");
+}
+
+}  // namespace
+
+bool bwd_is_built(int head_dim, DType dtype) { return hdim_built(head_dim) && dtype_built(dtype); }
+
+std::string bwd_built_head_dims() {
+  std::string s;
+  for (int d : kSupportedHeadDims) {
+    if (hdim_built(d)) { s += (s.empty() ? "" : ", ") + std::to_string(d); }
+  }
+  return s.empty() ? "none" : s;
+}
+
+std::string bwd_built_dtypes() {
+  std::string s;
+  for (DType t : {DType::kBFloat16, DType::kFloat16}) {
+    if (dtype_built(t)) { s += (s.empty() ? "" : ", ") + std::string(dtype_name(t)); }
+  }
+  return s.empty() ? "none" : s;
+}
+
+BwdWorkspaceSizes bwd_workspace_sizes(BwdParams const& p) {
+  switch (p.head_dim) {
+    case 64: return p.causal ? bwd_workspace_sizes_for<64, true>(p) : bwd_workspace_sizes_for<64, false>(p);
+    case 128: return p.causal ? bwd_workspace_sizes_for<128, true>(p) : bwd_workspace_sizes_for<128, false>(p);
+    default: not_built(p);
+  }
+}
+
+void run_bwd(BwdParams const& p, cudaStream_t stream) {
+  if (!bwd_is_built(p.head_dim, p.dtype)) { not_built(p); }
+  bool const bf16 = p.dtype == DType::kBFloat16;
+  switch (p.head_dim) {
+#ifdef DASH_BUILD_HDIM64
+    case 64:
+#ifdef DASH_BUILD_BF16
+      if (bf16) return run_bwd_hdim<64, cutlass::bfloat16_t>(p, stream);
+#endif
+#ifdef DASH_BUILD_FP16
+      if (!bf16) return run_bwd_hdim<64, cutlass::half_t>(p, stream);
+#endif
+      break;
+#endif
+#ifdef DASH_BUILD_HDIM128
+    case 128:
+#ifdef DASH_BUILD_BF16
+      if (bf16) return run_bwd_hdim<128, cutlass::bfloat16_t>(p, stream);
+#endif
+#ifdef DASH_BUILD_FP16
+      if (!bf16) return run_bwd_hdim<128, cutlass::half_t>(p, stream);
+#endif
+      break;
+#endif
+    default: break;
+  }
+  (void)bf16;
+  not_built(p);
+}
+
+}  // namespace dash

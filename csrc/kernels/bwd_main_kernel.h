@@ -1,0 +1,459 @@
+// The Hopper attention-backward main kernel: persistent, warp-specialised.
+//
+//   warpgroup 0, warp 0 : producer. TMA loads of K, V (once per column), Q + LSE and
+//                         dO + D (per Q tile) into multi-stage mbarrier pipelines.
+//   warpgroup 0, warp 1 : dQ writer. Reduce-adds each dQ partial from smem into the fp32
+//                         dQaccum with cp.reduce.async.bulk, in the schedule's order when
+//                         deterministic (see dq_writer below).
+//   warpgroups 1..2     : MMA. Each owns 64 keys of the column; keeps dK, dV in registers
+//                         for the column's life; computes S^T, dP^T, P^T, dS^T, dV, dK, dQ.
+//
+// Which CTA runs which column, the order of Q tiles inside a column and each
+// contribution's turn come from the Schedule (schedule/schedule.h). All three roles walk
+// the same schedule, so loads, compute and adds happen in the same order.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/numeric_conversion.h>
+
+#include "kernels/bwd_traits.h"
+#include "kernels/ptx.h"
+
+namespace dash {
+
+using namespace cute;
+
+namespace detail {
+
+// 2^x with the MUFU unit; ex2.approx(-inf) = +0, which is how masked scores vanish.
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Issue the WGMMAs of one tiled GEMM over all K blocks as one commit group.
+// A_in_regs: the A operand is a register fragment (RS WGMMA), which must be fenced so
+// the compiler does not reuse those registers while the asynchronous WGMMA reads them.
+template <bool ZeroInit, bool A_in_regs, class TiledMma, class TA, class TB, class TC>
+__device__ __forceinline__ void wgmma_gemm(TiledMma& tiled_mma, TA const& tCrA, TB const& tCrB, TC& tCrC) {
+  if constexpr (A_in_regs) { warpgroup_fence_operand(const_cast<TA&>(tCrA)); }
+  warpgroup_fence_operand(tCrC);
+  warpgroup_arrive();
+  if constexpr (ZeroInit) { tiled_mma.accumulate_ = GMMA::ScaleOut::Zero; }
+  CUTLASS_PRAGMA_UNROLL
+  for (int k = 0; k < size<2>(tCrA); ++k) {
+    cute::gemm(tiled_mma, tCrA(_, _, k), tCrB(_, _, k), tCrC);
+    tiled_mma.accumulate_ = GMMA::ScaleOut::One;
+  }
+  warpgroup_commit_batch();
+  warpgroup_fence_operand(tCrC);
+  if constexpr (A_in_regs) { warpgroup_fence_operand(const_cast<TA&>(tCrA)); }
+}
+
+// Reinterpret a WGMMA accumulator layout ((2,2,V),M,N) as the register-A layout
+// ((2,2,2),M,(V/2,N)) of the next GEMM, whose K dim is this accumulator's N dim: a k16
+// block of A covers two consecutive 8-column groups of the accumulator.
+template <class AccLayout>
+__device__ __forceinline__ auto acc_layout_as_A_regs(AccLayout acc) {
+  auto v = flatten(logical_divide(get<0, 2>(acc), Shape<_2>{}));  // (2, V/2)
+  return make_layout(make_layout(get<0, 0>(acc), get<0, 1>(acc), get<0>(v)), get<1>(acc),
+                     make_layout(get<1>(v), get<2>(acc)));
+}
+
+}  // namespace detail
+
+template <class Traits>
+struct BwdMainKernel {
+  using Element = typename Traits::Element;
+  using Params = typename Traits::MainParams;
+  using SharedStorage = typename Traits::SharedStorage;
+  static constexpr int kBlockM = Traits::kBlockM;
+  static constexpr int kBlockN = Traits::kBlockN;
+  static constexpr int kHeadDim = Traits::kHeadDim;
+  static constexpr int NumMmaThreads = Traits::NumMmaThreads;
+  static constexpr int NumMmaWarpGroups = Traits::NumMmaWarpGroups;
+  static constexpr int kStages = Traits::kStagesQ;
+
+  // Pipeline position: stage index and the parity of its current use.
+  struct StageState {
+    int index = 0;
+    uint32_t phase = 0;
+    __device__ __forceinline__ void advance() {
+      if (++index == kStages) { index = 0; phase ^= 1; }
+    }
+  };
+
+  // ---------------------------------------------------------------------------------------
+  // Producer: one elected lane of warp 0.
+  // ---------------------------------------------------------------------------------------
+  static __device__ void producer(Params const& params, SharedStorage& ss) {
+    auto const& sched = params.schedule;
+    int const cta = blockIdx.x;
+
+    Tensor sQ = make_tensor(make_smem_ptr(ss.smem_q), typename Traits::SmemLayoutQ{});
+    Tensor sdO = make_tensor(make_smem_ptr(ss.smem_do), typename Traits::SmemLayoutdO{});
+    Tensor sK = make_tensor(make_smem_ptr(ss.smem_k), typename Traits::SmemLayoutK{});
+    Tensor sV = make_tensor(make_smem_ptr(ss.smem_v), typename Traits::SmemLayoutV{});
+
+    Tensor mQ_all = params.tma_q.get_tma_tensor(params.shape_q);
+    Tensor mdO_all = params.tma_do.get_tma_tensor(params.shape_q);
+    Tensor mK_all = params.tma_k.get_tma_tensor(params.shape_k);
+    Tensor mV_all = params.tma_v.get_tma_tensor(params.shape_k);
+    auto tma_q = params.tma_q.get_slice(_0{});
+    auto tma_do = params.tma_do.get_slice(_0{});
+    auto tma_k = params.tma_k.get_slice(_0{});
+    auto tma_v = params.tma_v.get_slice(_0{});
+    Tensor tQsQ = tma_q.partition_D(sQ);      // (TMA, 1, 1, stage)
+    Tensor tdOsdO = tma_do.partition_D(sdO);  // (TMA, 1, 1, stage)
+    Tensor tKsK = tma_k.partition_D(sK);      // (TMA, 1, 1)
+    Tensor tVsV = tma_v.partition_D(sV);
+
+    StageState stage;
+    uint32_t kv_phase = 0;
+    int const num_items = sched.num_items(cta);
+    for (int item = 0; item < num_items; ++item) {
+      ColumnCoord const col = sched.item(cta, item);
+      int const num_steps = sched.num_steps(col);
+      if (num_steps == 0) { continue; }
+      int const h_kv = col.h / params.heads_per_kv_head;
+      Tensor gQ = local_tile(mQ_all(_, _, col.h, col.b), Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(_, _0{}));
+      Tensor gdO = local_tile(mdO_all(_, _, col.h, col.b), Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(_, _0{}));
+      Tensor gK = local_tile(mK_all(_, _, h_kv, col.b), Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(col.n, _0{}));
+      Tensor gV = local_tile(mV_all(_, _, h_kv, col.b), Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(col.n, _0{}));
+      Tensor tQgQ = tma_q.partition_S(gQ);      // (TMA, 1, 1, m)
+      Tensor tdOgdO = tma_do.partition_S(gdO);  // (TMA, 1, 1, m)
+      Tensor tKgK = tma_k.partition_S(gK);
+      Tensor tVgV = tma_v.partition_S(gV);
+      int64_t const stats_offset = (int64_t(col.b) * params.num_heads + col.h) * params.stats_bh_stride;
+      float const* lse_bh = params.lse_log2 + stats_offset;
+      float const* dpsum_bh = params.dpsum + stats_offset;
+
+      for (int step = 0; step < num_steps; ++step) {
+        int const m = sched.m_block(col, step);
+        // Q_m and its LSE share one full barrier; so do dO_m and its D.
+        ptx::mbar_wait(&ss.bar_q_empty[stage.index], stage.phase ^ 1);
+        ptx::mbar_arrive_expect_tx(&ss.bar_q_full[stage.index], Traits::kBytesQ + Traits::kBytesRowStats);
+        copy(params.tma_q.with(ss.bar_q_full[stage.index], 0, TMA::CacheHintSm90::EVICT_LAST),
+             tQgQ(_, _, _, m), tQsQ(_, _, _, stage.index));
+        ptx::bulk_copy_g2s(ss.smem_lse + stage.index * kBlockM, lse_bh + m * kBlockM, Traits::kBytesRowStats,
+                           &ss.bar_q_full[stage.index]);
+        if (step == 0) {
+          // K, V are overwritten only after every MMA thread finished the previous column
+          // (bar_kv_empty); the first Q tile above is already in flight meanwhile.
+          ptx::mbar_wait(&ss.bar_kv_empty, kv_phase ^ 1);
+          ptx::mbar_arrive_expect_tx(&ss.bar_kv_full, 2 * Traits::kBytesKV);
+          copy(params.tma_k.with(ss.bar_kv_full, 0), tKgK, tKsK);
+          copy(params.tma_v.with(ss.bar_kv_full, 0), tVgV, tVsV);
+          kv_phase ^= 1;
+        }
+        ptx::mbar_wait(&ss.bar_do_empty[stage.index], stage.phase ^ 1);
+        ptx::mbar_arrive_expect_tx(&ss.bar_do_full[stage.index], Traits::kBytesQ + Traits::kBytesRowStats);
+        copy(params.tma_do.with(ss.bar_do_full[stage.index], 0, TMA::CacheHintSm90::EVICT_LAST),
+             tdOgdO(_, _, _, m), tdOsdO(_, _, _, stage.index));
+        ptx::bulk_copy_g2s(ss.smem_dpsum + stage.index * kBlockM, dpsum_bh + m * kBlockM, Traits::kBytesRowStats,
+                           &ss.bar_do_full[stage.index]);
+        stage.advance();
+      }
+    }
+  }
+
+  // ---------------------------------------------------------------------------------------
+  // dQ writer: warp 1 (all 32 lanes take part in the named barriers, lane 0 issues).
+  //
+  // Deterministic protocol for the contribution of column n to Q tile m:
+  //   1. lane 0 spins (ld.acquire.gpu) until sem[m] == turn(m, n), then a proxy fence so
+  //      that our async-proxy reduce-add is ordered after the acquire;
+  //   2. reduce-add every warpgroup's slice (cp.reduce.async.bulk, one group);
+  //   3. wait_group.read 0: smem slices may be reused -> release them to the MMA warps;
+  //   4. wait_group 0 (no .read): the adds have been *performed in global memory*;
+  //      proxy fence, then red.release.gpu sem[m] += 1.
+  // Step 4 is what makes the wait real: releasing after .read alone (FA3's protocol) lets
+  // the next column's add overtake ours.
+  // ---------------------------------------------------------------------------------------
+  static __device__ void dq_writer(Params const& params, SharedStorage& ss) {
+    auto const& sched = params.schedule;
+    int const cta = blockIdx.x;
+    int const lane = threadIdx.x % 32;
+    int const num_m_blocks = sched.geo.num_m_blocks();
+    constexpr int kSliceFloats = Traits::kdQSliceFloats;
+    constexpr uint32_t kBarThreads = 128 + 32;
+
+    // The staging slices start empty.
+    CUTLASS_PRAGMA_UNROLL
+    for (int w = 0; w < NumMmaWarpGroups; ++w) {
+      ptx::named_arrive(uint32_t(BwdBarrier::kdQEmpty0) + w, kBarThreads);
+    }
+    int const num_items = sched.num_items(cta);
+    for (int item = 0; item < num_items; ++item) {
+      ColumnCoord const col = sched.item(cta, item);
+      int const num_steps = sched.num_steps(col);
+      int64_t const bh = int64_t(col.b) * params.num_heads + col.h;
+      float* dq_accum_bh = params.dq_accum + bh * num_m_blocks * (kBlockM * kHeadDim);
+      int* sem_bh = params.dq_semaphore + bh * num_m_blocks;
+      for (int step = 0; step < num_steps; ++step) {
+        int const m = sched.m_block(col, step);
+        if (params.deterministic && lane == 0) {
+          int const turn = sched.turn(col, m);
+          while (ptx::ld_acquire_gpu(sem_bh + m) != turn) {}
+          ptx::fence_proxy_async_global();
+        }
+        CUTLASS_PRAGMA_UNROLL
+        for (int w = 0; w < NumMmaWarpGroups; ++w) {
+          ptx::named_sync(uint32_t(BwdBarrier::kdQFull0) + w, kBarThreads);
+          if (lane == 0) {
+            ptx::bulk_reduce_add_f32(dq_accum_bh + int64_t(m) * (kBlockM * kHeadDim) + w * kSliceFloats,
+                                     ss.smem_dq + w * kSliceFloats, kSliceFloats * sizeof(float));
+          }
+        }
+        if (lane == 0) {
+          ptx::bulk_commit_group();
+          ptx::bulk_wait_group_read<0>();
+        }
+        __syncwarp();
+        CUTLASS_PRAGMA_UNROLL
+        for (int w = 0; w < NumMmaWarpGroups; ++w) {
+          ptx::named_arrive(uint32_t(BwdBarrier::kdQEmpty0) + w, kBarThreads);
+        }
+        if (params.deterministic && lane == 0) {
+          ptx::bulk_wait_group<0>();
+          ptx::fence_proxy_async_global();
+          ptx::red_release_gpu_add(sem_bh + m, 1);
+        }
+      }
+    }
+    if (lane == 0) { ptx::bulk_wait_group<0>(); }
+  }
+
+  // ---------------------------------------------------------------------------------------
+  // MMA warpgroups. mma_tidx in [0, NumMmaThreads).
+  // ---------------------------------------------------------------------------------------
+  static __device__ void mma(Params const& params, SharedStorage& ss, int mma_tidx) {
+    auto const& sched = params.schedule;
+    auto const& geo = sched.geo;
+    int const cta = blockIdx.x;
+    int const wg = mma_tidx / 128;
+    int const wg_tidx = mma_tidx % 128;
+
+    Tensor sQ = make_tensor(make_smem_ptr(ss.smem_q), typename Traits::SmemLayoutQ{});
+    Tensor sdO = make_tensor(make_smem_ptr(ss.smem_do), typename Traits::SmemLayoutdO{});
+    Tensor sK = make_tensor(make_smem_ptr(ss.smem_k), typename Traits::SmemLayoutK{});
+    Tensor sV = make_tensor(make_smem_ptr(ss.smem_v), typename Traits::SmemLayoutV{});
+    Tensor sQt = make_tensor(make_smem_ptr(ss.smem_q), typename Traits::SmemLayoutQt{});
+    Tensor sdOt = make_tensor(make_smem_ptr(ss.smem_do), typename Traits::SmemLayoutdOt{});
+    Tensor sKt = make_tensor(make_smem_ptr(ss.smem_k), typename Traits::SmemLayoutKt{});
+    Tensor sdS = make_tensor(make_smem_ptr(ss.smem_ds), typename Traits::SmemLayoutdS{});
+    Tensor sdSt = make_tensor(make_smem_ptr(ss.smem_ds), typename Traits::SmemLayoutdSt{});
+
+    typename Traits::TiledMmaSdP tiled_mma_SdP;
+    typename Traits::TiledMmadKV tiled_mma_dKV;
+    typename Traits::TiledMmadQ tiled_mma_dQ;
+    // Operand descriptors are per warpgroup (slice by the warpgroup's first thread);
+    // accumulators are per thread.
+    auto wg_mma_SdP = tiled_mma_SdP.get_slice(wg * 128);
+    auto wg_mma_dKV = tiled_mma_dKV.get_slice(wg * 128);
+    auto wg_mma_dQ = tiled_mma_dQ.get_slice(wg * 128);
+    auto thr_mma_SdP = tiled_mma_SdP.get_thread_slice(mma_tidx);
+    auto thr_mma_dKV = tiled_mma_dKV.get_thread_slice(mma_tidx);
+    auto thr_mma_dQ = tiled_mma_dQ.get_thread_slice(mma_tidx);
+
+    Tensor tSrK = wg_mma_SdP.partition_fragment_A(sK);     // S^T = K Q^T
+    Tensor tSrQ = wg_mma_SdP.partition_fragment_B(sQ);     // (.., stage)
+    Tensor tdPrV = wg_mma_SdP.partition_fragment_A(sV);    // dP^T = V dO^T
+    Tensor tdPrdO = wg_mma_SdP.partition_fragment_B(sdO);  // (.., stage)
+    Tensor tdVrdOt = wg_mma_dKV.partition_fragment_B(sdOt);  // dV += P^T dO
+    Tensor tdKrQt = wg_mma_dKV.partition_fragment_B(sQt);    // dK += dS^T Q
+    Tensor tdQrdS = wg_mma_dQ.partition_fragment_A(sdS);     // dQ = dS K
+    Tensor tdQrKt = wg_mma_dQ.partition_fragment_B(sKt);
+
+    // Coordinates (key row, query col) of this thread's S^T accumulator values.
+    Tensor tScS = thr_mma_SdP.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kBlockM>>{}));
+    Tensor tdKVcdKV = thr_mma_dKV.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+
+    auto smem_tiled_copy_dS = make_tiled_copy_C(typename Traits::SmemCopyAtomdS{}, tiled_mma_SdP);
+    auto smem_thr_copy_dS = smem_tiled_copy_dS.get_thread_slice(mma_tidx);
+    Tensor tdSsdS = smem_thr_copy_dS.partition_D(as_position_independent_swizzle_tensor(sdSt));  // (.., stage)
+
+    float4* sdQ_slice = reinterpret_cast<float4*>(ss.smem_dq + wg * Traits::kdQSliceFloats);
+
+    StageState stage;
+    int ds_stage = 0;
+    uint32_t kv_phase = 0;
+    int const seqlen_q = geo.seqlen_q, seqlen_k = geo.seqlen_k;
+
+    int const num_items = sched.num_items(cta);
+    for (int item = 0; item < num_items; ++item) {
+      ColumnCoord const col = sched.item(cta, item);
+      int const num_steps = sched.num_steps(col);
+
+      Tensor tdKrdK = partition_fragment_C(tiled_mma_dKV, Shape<Int<kBlockN>, Int<kHeadDim>>{});
+      Tensor tdVrdV = partition_fragment_C(tiled_mma_dKV, Shape<Int<kBlockN>, Int<kHeadDim>>{});
+      clear(tdKrdK);
+      clear(tdVrdV);
+
+      if (num_steps > 0) {
+        ptx::mbar_wait(&ss.bar_kv_full, kv_phase);
+        kv_phase ^= 1;
+      }
+      for (int step = 0; step < num_steps; ++step) {
+        int const m = sched.m_block(col, step);
+        float const* sLSE = ss.smem_lse + stage.index * kBlockM;
+        float const* sdPsum = ss.smem_dpsum + stage.index * kBlockM;
+
+        // S^T = K Q_m^T and dP^T = V dO_m^T, both in flight at once.
+        Tensor tSrS = partition_fragment_C(tiled_mma_SdP, Shape<Int<kBlockN>, Int<kBlockM>>{});
+        Tensor tdPrdP = partition_fragment_C(tiled_mma_SdP, Shape<Int<kBlockN>, Int<kBlockM>>{});
+        ptx::mbar_wait(&ss.bar_q_full[stage.index], stage.phase);
+        detail::wgmma_gemm<true, false>(tiled_mma_SdP, tSrK, tSrQ(_, _, _, stage.index), tSrS);
+        ptx::mbar_wait(&ss.bar_do_full[stage.index], stage.phase);
+        detail::wgmma_gemm<true, false>(tiled_mma_SdP, tdPrV, tdPrdO(_, _, _, stage.index), tdPrdP);
+
+        warpgroup_wait<1>();  // S^T ready
+        if (geo.needs_mask(m, col.n)) {
+          int const key0 = col.n * kBlockN, query0 = m * kBlockM;
+          CUTLASS_PRAGMA_UNROLL
+          for (int i = 0; i < size(tSrS); ++i) {
+            int const key = key0 + get<0>(tScS(i));
+            int const query = query0 + get<1>(tScS(i));
+            bool const masked = key >= seqlen_k || (Traits::Is_causal && key > query + seqlen_k - seqlen_q);
+            if (masked) { tSrS(i) = -INFINITY; }
+          }
+        }
+        // P^T = exp2(S^T * scale * log2(e) - LSE_log2[query]).
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < size(tSrS); ++i) {
+          tSrS(i) = detail::exp2_approx(fmaf(tSrS(i), params.softmax_scale_log2, -sLSE[get<1>(tScS(i))]));
+        }
+        warpgroup_wait<0>();  // dP^T ready
+        // dS^T = P^T * (dP^T - D[query]).
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < size(tdPrdP); ++i) {
+          tdPrdP(i) = tSrS(i) * (tdPrdP(i) - sdPsum[get<1>(tScS(i))]);
+        }
+
+        Tensor rP = make_tensor_like<Element>(tSrS);
+        Tensor rdS = make_tensor_like<Element>(tdPrdP);
+        {
+          constexpr int N = decltype(size(tSrS))::value;
+          cutlass::NumericArrayConverter<Element, float, N> convert;
+          *reinterpret_cast<cutlass::Array<Element, N>*>(rP.data()) =
+              convert(*reinterpret_cast<cutlass::Array<float, N> const*>(tSrS.data()));
+          *reinterpret_cast<cutlass::Array<Element, N>*>(rdS.data()) =
+              convert(*reinterpret_cast<cutlass::Array<float, N> const*>(tdPrdP.data()));
+        }
+
+        // dS -> smem (A operand of the dQ GEMM, which needs rows from both warpgroups).
+        // Writing buffer ds_stage is safe without a barrier: it was last read by the dQ
+        // GEMM two tiles ago, which every warpgroup completed before the kdSReady
+        // barrier of the previous tile.
+        cute::copy(smem_tiled_copy_dS, smem_thr_copy_dS.retile_S(rdS), tdSsdS(_, _, _, ds_stage));
+
+        // dV += P^T dO_m, P^T straight from registers.
+        Tensor tdVrP = make_tensor(rP.data(), detail::acc_layout_as_A_regs(tSrS.layout()));
+        detail::wgmma_gemm<false, true>(tiled_mma_dKV, tdVrP, tdVrdOt(_, _, _, stage.index), tdVrdV);
+
+        // stmatrix writes are generic-proxy; WGMMA reads through the async proxy.
+        ptx::fence_proxy_async_smem();
+        ptx::named_sync(uint32_t(BwdBarrier::kdSReady), NumMmaThreads);
+
+        Tensor tdQrdQ = partition_fragment_C(tiled_mma_dQ, Shape<Int<kBlockM>, Int<kHeadDim>>{});
+        detail::wgmma_gemm<true, false>(tiled_mma_dQ, tdQrdS(_, _, _, ds_stage), tdQrKt, tdQrdQ);
+        warpgroup_wait<1>();  // dV GEMM done: dO_m no longer read
+        ptx::mbar_arrive(&ss.bar_do_empty[stage.index]);
+
+        // dK += dS^T Q_m.
+        Tensor tdKrdS = make_tensor(rdS.data(), detail::acc_layout_as_A_regs(tdPrdP.layout()));
+        detail::wgmma_gemm<false, true>(tiled_mma_dKV, tdKrdS, tdKrQt(_, _, _, stage.index), tdKrdK);
+        warpgroup_wait<1>();  // dQ GEMM done
+
+        // dQ partial -> this warpgroup's staging slice, for the dQ writer warp.
+        ptx::named_sync(uint32_t(BwdBarrier::kdQEmpty0) + wg, 128 + 32);
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < Traits::kdQValuesPerThread / 4; ++j) {
+          sdQ_slice[j * 128 + wg_tidx] =
+              make_float4(tdQrdQ(4 * j), tdQrdQ(4 * j + 1), tdQrdQ(4 * j + 2), tdQrdQ(4 * j + 3));
+        }
+        ptx::fence_proxy_async_smem();  // the bulk reduce reads the slice through the async proxy
+        ptx::named_arrive(uint32_t(BwdBarrier::kdQFull0) + wg, 128 + 32);
+
+        warpgroup_wait<0>();  // dK GEMM done: Q_m no longer read
+        ptx::mbar_arrive(&ss.bar_q_empty[stage.index]);
+        if (step == num_steps - 1) {
+          // Last reads of K (S^T, dQ GEMMs) and V (dP^T GEMM) of this column are complete.
+          ptx::mbar_arrive(&ss.bar_kv_empty);
+        }
+        stage.advance();
+        ds_stage ^= 1;
+      }
+
+      // Epilogue: dK (scaled; dS omitted the softmax scale) and dV straight from registers.
+      // Rows past seqlen_k are not stored. A column with no Q tiles stores zeros.
+      store_dkv(params, col, tdKrdK, tdVrdV, tdKVcdKV);
+    }
+  }
+
+  template <class Frag, class Coord>
+  static __device__ __forceinline__ void store_dkv(Params const& params, ColumnCoord col, Frag const& tdKrdK,
+                                                   Frag const& tdVrdV, Coord const& tdKVcdKV) {
+    int const seqlen_k = params.schedule.geo.seqlen_k;
+    Element* dk = params.dk + int64_t(col.b) * params.dk_strides.batch + int64_t(col.h) * params.dk_strides.head;
+    Element* dv = params.dv + int64_t(col.b) * params.dv_strides.batch + int64_t(col.h) * params.dv_strides.head;
+    // Values 2i and 2i+1 of a WGMMA accumulator are adjacent columns of one row.
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size(tdKrdK); i += 2) {
+      int const key = col.n * kBlockN + get<0>(tdKVcdKV(i));
+      int const d = get<1>(tdKVcdKV(i));
+      if (key < seqlen_k) {
+        cutlass::Array<Element, 2> k2, v2;
+        k2[0] = Element(tdKrdK(i) * params.softmax_scale);
+        k2[1] = Element(tdKrdK(i + 1) * params.softmax_scale);
+        v2[0] = Element(tdVrdV(i));
+        v2[1] = Element(tdVrdV(i + 1));
+        *reinterpret_cast<cutlass::Array<Element, 2>*>(dk + int64_t(key) * params.dk_strides.row + d) = k2;
+        *reinterpret_cast<cutlass::Array<Element, 2>*>(dv + int64_t(key) * params.dv_strides.row + d) = v2;
+      }
+    }
+  }
+};
+
+template <class Traits>
+__global__ void __launch_bounds__(Traits::NumThreads, 1)
+    bwd_main_kernel(CUTE_GRID_CONSTANT typename Traits::MainParams const params) {
+  using Kernel = BwdMainKernel<Traits>;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  auto& ss = *reinterpret_cast<typename Traits::SharedStorage*>(smem_raw);
+
+  int const warp_idx = threadIdx.x / 32;
+  if (warp_idx == 0 && cute::elect_one_sync()) {
+    cute::prefetch_tma_descriptor(params.tma_q.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(params.tma_do.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(params.tma_k.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(params.tma_v.get_tma_descriptor());
+    // Full barriers: one producer arrival (+ TMA bytes). Empty barriers: every MMA thread.
+    ptx::mbar_init(&ss.bar_kv_full, 1);
+    ptx::mbar_init(&ss.bar_kv_empty, Traits::NumMmaThreads);
+    for (int s = 0; s < Traits::kStagesQ; ++s) {
+      ptx::mbar_init(&ss.bar_q_full[s], 1);
+      ptx::mbar_init(&ss.bar_q_empty[s], Traits::NumMmaThreads);
+      ptx::mbar_init(&ss.bar_do_full[s], 1);
+      ptx::mbar_init(&ss.bar_do_empty[s], Traits::NumMmaThreads);
+    }
+    ptx::fence_mbar_init();
+  }
+  __syncthreads();
+
+  if (warp_idx < 4) {
+    cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
+    if (warp_idx == 0) {
+      if (cute::elect_one_sync()) { Kernel::producer(params, ss); }
+    } else if (warp_idx == 1) {
+      Kernel::dq_writer(params, ss);
+    }
+  } else {
+    cutlass::arch::warpgroup_reg_alloc<Traits::kMmaRegisters>();
+    Kernel::mma(params, ss, threadIdx.x - 128);
+  }
+}
+
+}  // namespace dash

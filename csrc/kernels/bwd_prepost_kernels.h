@@ -1,0 +1,125 @@
+// The two small kernels around the main backward kernel.
+//
+// bwd_preprocess_kernel  (grid: Q tiles x heads x batch): D = rowsum(dO * O) in fp32,
+//   LSE in log2 units (padded rows +inf so their P is 0; fully masked rows 0 so their P is
+//   0 rather than NaN), zeroes this tile's dQaccum chunk and dQ semaphore. It is the only
+//   initialiser of the workspace, so it must precede the main kernel on the same stream.
+//
+// bwd_convert_dq_kernel  (same grid): dQ = scale * dQaccum, cast to the output dtype. The
+//   dQaccum chunk is in the main kernel's fragment order; the same TiledMmadQ partition
+//   maps it back to (row, col).
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/numeric_types.h>
+
+#include "kernels/bwd_traits.h"
+
+namespace dash {
+
+struct PrepostParams {
+  void const* out;
+  void const* dout;
+  BSHDStrides out_strides, dout_strides;
+  float const* lse;  // (b, h, seqlen_q), natural log
+  int64_t lse_batch_stride, lse_head_stride;
+  float* lse_log2;   // (b, h, seqlen_q_rounded)
+  float* dpsum;
+  float* dq_accum;
+  int* dq_semaphore;
+  void* dq;
+  BSHDStrides dq_strides;
+  int seqlen_q, num_heads, num_m_blocks;
+  int64_t stats_bh_stride;
+  float softmax_scale;
+};
+
+template <class Traits>
+__global__ void __launch_bounds__(kPreprocessThreads)
+    bwd_preprocess_kernel(PrepostParams const p) {
+  using Element = typename Traits::Element;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  constexpr int kVec = 16 / sizeof(Element);             // elements per 16-byte load
+  constexpr int kThreadsPerRow = kHeadDim / kVec;        // 8 (d64) or 16 (d128): inside one warp
+  constexpr int kRowsPerPass = kPreprocessThreads / kThreadsPerRow;
+  static_assert(32 % kThreadsPerRow == 0 && kBlockM % kRowsPerPass == 0);
+
+  int const m = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  int const tid = threadIdx.x;
+  int64_t const bh = int64_t(b) * p.num_heads + h;
+
+  Element const* o = static_cast<Element const*>(p.out) + b * p.out_strides.batch + h * p.out_strides.head;
+  Element const* dout = static_cast<Element const*>(p.dout) + b * p.dout_strides.batch + h * p.dout_strides.head;
+  int const col = (tid % kThreadsPerRow) * kVec;
+  CUTLASS_PRAGMA_UNROLL
+  for (int r0 = 0; r0 < kBlockM; r0 += kRowsPerPass) {
+    int const row = m * kBlockM + r0 + tid / kThreadsPerRow;
+    float acc = 0.f;
+    if (row < p.seqlen_q) {
+      cutlass::Array<Element, kVec> ov = *reinterpret_cast<cutlass::Array<Element, kVec> const*>(o + row * p.out_strides.row + col);
+      cutlass::Array<Element, kVec> dov = *reinterpret_cast<cutlass::Array<Element, kVec> const*>(dout + row * p.dout_strides.row + col);
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < kVec; ++i) { acc += float(ov[i]) * float(dov[i]); }
+    }
+    CUTLASS_PRAGMA_UNROLL
+    for (int offset = kThreadsPerRow / 2; offset > 0; offset /= 2) { acc += __shfl_xor_sync(0xffffffff, acc, offset); }
+    if (tid % kThreadsPerRow == 0) { p.dpsum[bh * p.stats_bh_stride + row] = acc; }  // 0 for padding rows
+  }
+
+  for (int i = tid; i < kBlockM; i += kPreprocessThreads) {
+    int const row = m * kBlockM + i;
+    float lse_log2 = INFINITY;  // padding rows: P = exp2(s - inf) = 0
+    if (row < p.seqlen_q) {
+      float const lse = p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + row];
+      lse_log2 = lse == -INFINITY ? 0.f : lse * float(M_LOG2E);
+    }
+    p.lse_log2[bh * p.stats_bh_stride + row] = lse_log2;
+  }
+
+  float4* chunk = reinterpret_cast<float4*>(p.dq_accum + (bh * p.num_m_blocks + m) * (kBlockM * kHeadDim));
+  for (int i = tid; i < kBlockM * kHeadDim / 4; i += kPreprocessThreads) { chunk[i] = make_float4(0.f, 0.f, 0.f, 0.f); }
+  if (tid == 0) { p.dq_semaphore[bh * p.num_m_blocks + m] = 0; }
+}
+
+template <class Traits>
+__global__ void __launch_bounds__(Traits::NumMmaThreads)
+    bwd_convert_dq_kernel(PrepostParams const p) {
+  using Element = typename Traits::Element;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  constexpr int kValues = Traits::kdQValuesPerThread;
+
+  int const m = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  int const tid = threadIdx.x;  // plays MMA thread `tid` of the main kernel
+  int const wg = tid / 128, wg_tidx = tid % 128;
+  int64_t const bh = int64_t(b) * p.num_heads + h;
+
+  float4 const* slice = reinterpret_cast<float4 const*>(p.dq_accum + (bh * p.num_m_blocks + m) * (kBlockM * kHeadDim) +
+                                                        wg * Traits::kdQSliceFloats);
+  float vals[kValues];
+  CUTLASS_PRAGMA_UNROLL
+  for (int j = 0; j < kValues / 4; ++j) {
+    float4 const v = slice[j * 128 + wg_tidx];
+    vals[4 * j] = v.x; vals[4 * j + 1] = v.y; vals[4 * j + 2] = v.z; vals[4 * j + 3] = v.w;
+  }
+  typename Traits::TiledMmadQ tiled_mma_dQ;
+  Tensor tdQcdQ = tiled_mma_dQ.get_thread_slice(tid).partition_C(
+      make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+  static_assert(decltype(size(tdQcdQ))::value == kValues);
+  Element* dq = static_cast<Element*>(p.dq) + b * p.dq_strides.batch + h * p.dq_strides.head;
+  // Values 2i, 2i+1 are adjacent columns of one row (WGMMA accumulator layout).
+  CUTLASS_PRAGMA_UNROLL
+  for (int i = 0; i < kValues; i += 2) {
+    int const row = m * kBlockM + get<0>(tdQcdQ(i));
+    int const col = get<1>(tdQcdQ(i));
+    if (row < p.seqlen_q) {
+      cutlass::Array<Element, 2> out;
+      out[0] = Element(vals[i] * p.softmax_scale);
+      out[1] = Element(vals[i + 1] * p.softmax_scale);
+      *reinterpret_cast<cutlass::Array<Element, 2>*>(dq + int64_t(row) * p.dq_strides.row + col) = out;
+    }
+  }
+}
+
+}  // namespace dash

@@ -1,0 +1,128 @@
+// Thin wrappers over the sm_90 PTX that the backward needs and CuTe does not expose
+// directly: mbarriers, named barriers, bulk (non-tensor) copies and reduce-adds, and the
+// global-memory semaphore used by the deterministic dQ reduction.
+//
+// Memory-ordering notes live beside each primitive; the deterministic protocol that
+// combines them is documented in dq_writer.h.
+#pragma once
+
+#include <cstdint>
+#include <cuda_runtime.h>
+
+namespace dash::ptx {
+
+__device__ __forceinline__ uint32_t smem_addr(void const* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// ---------------------------------------------------------------------------------------
+// mbarrier (shared-memory transaction barrier)
+// ---------------------------------------------------------------------------------------
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t arrive_count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(arrive_count));
+}
+
+// Makes mbarrier initialisation visible to the async proxy (TMA) and the other threads.
+__device__ __forceinline__ void fence_mbar_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+// One arrival that also announces `bytes` of TMA transactions for the current phase.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+
+// Blocks until the phase with parity `phase` has completed.
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t phase) {
+  uint32_t const addr = smem_addr(bar);
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_%=;\n"
+      "}\n" ::"r"(addr),
+      "r"(phase)
+      : "memory");
+}
+
+// ---------------------------------------------------------------------------------------
+// Named barriers (bar.sync / bar.arrive). Id 0 is __syncthreads; ours start at 1.
+// ---------------------------------------------------------------------------------------
+__device__ __forceinline__ void named_sync(uint32_t id, uint32_t num_threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(num_threads) : "memory");
+}
+__device__ __forceinline__ void named_arrive(uint32_t id, uint32_t num_threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(num_threads) : "memory");
+}
+
+// Orders this thread's generic-proxy shared-memory writes before later async-proxy
+// (TMA, WGMMA, bulk copy) reads of the same shared memory. Needed before a barrier that
+// hands smem written with st.shared to wgmma or cp.reduce.async.bulk.
+__device__ __forceinline__ void fence_proxy_async_smem() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// Orders async-proxy global accesses of this thread against its generic-proxy ones.
+__device__ __forceinline__ void fence_proxy_async_global() {
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+}
+
+// ---------------------------------------------------------------------------------------
+// Bulk (non-tensor) copies. Sizes are multiples of 16 bytes, addresses 16-byte aligned.
+// ---------------------------------------------------------------------------------------
+// Global -> shared, completion counted as transaction bytes on `bar`.
+__device__ __forceinline__ void bulk_copy_g2s(void* smem_dst, void const* gmem_src, uint32_t bytes,
+                                              uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+          smem_addr(smem_dst)),
+      "l"(gmem_src), "r"(bytes), "r"(smem_addr(bar))
+      : "memory");
+}
+
+// gmem[i] += smem[i] (fp32), performed by the async proxy as one bulk operation; each
+// element receives exactly one atomic add. Tracked by the bulk async-group of the
+// issuing thread.
+__device__ __forceinline__ void bulk_reduce_add_f32(float* gmem_dst, float const* smem_src, uint32_t bytes) {
+  asm volatile(
+      "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(gmem_dst),
+      "r"(smem_addr(smem_src)), "r"(bytes)
+      : "memory");
+}
+
+__device__ __forceinline__ void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+
+// Waits until at most N bulk groups still *read shared memory*: the source buffer may be
+// reused. Says nothing about the writes to global memory.
+template <int N>
+__device__ __forceinline__ void bulk_wait_group_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+
+// Waits until at most N bulk groups are pending *at all*: their writes to global memory
+// have been performed. This is the wait a deterministic release needs.
+template <int N>
+__device__ __forceinline__ void bulk_wait_group() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// ---------------------------------------------------------------------------------------
+// GPU-scope semaphore for ordered dQ accumulation.
+// ---------------------------------------------------------------------------------------
+__device__ __forceinline__ int ld_acquire_gpu(int const* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void red_release_gpu_add(int* p, int v) {
+  asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+
+}  // namespace dash::ptx

@@ -1,0 +1,168 @@
+// torch op layer: the dash::bwd schema, argument checks, workspace from PyTorch's caching
+// allocator, and the call into the kernel library (bwd_api.h). The Python layer
+// (dash/interface.py) validates first with friendlier messages; these checks guard direct
+// calls of torch.ops.dash.bwd.
+#include <Python.h>
+
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "bwd_api.h"
+
+namespace {
+
+using at::Tensor;
+
+dash::BSHDStrides bshd_strides(Tensor const& t) {
+  return {t.stride(0), t.stride(1), t.stride(2)};
+}
+
+void check_bshd(Tensor const& t, char const* name) {
+  TORCH_CHECK(t.dim() == 4, "dash.bwd: ", name, " must have 4 dims (batch, seqlen, heads, head_dim), got ", t.dim());
+  TORCH_CHECK(t.stride(3) == 1, "dash.bwd: ", name, " must be contiguous in its last dim, got stride ", t.stride(3));
+  // TMA needs 16-byte aligned base addresses and strides.
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, "dash.bwd: ", name,
+              " must be 16-byte aligned");
+  for (int d = 0; d < 3; ++d) {
+    TORCH_CHECK((t.stride(d) * t.element_size()) % 16 == 0 || t.size(d) == 1, "dash.bwd: ", name, " stride ",
+                t.stride(d), " of dim ", d, " must be a multiple of 16 bytes");
+  }
+}
+
+std::tuple<Tensor, Tensor, Tensor> bwd_cuda(Tensor const& dout, Tensor const& q, Tensor const& k, Tensor const& v,
+                                            Tensor const& out, Tensor const& softmax_lse, double softmax_scale,
+                                            bool causal, bool deterministic, c10::string_view schedule,
+                                            int64_t sm_margin) {
+  TORCH_CHECK(schedule == "fa3", "dash.bwd: schedule '", std::string(schedule),
+              "' is not implemented by the kernel yet; implemented: fa3");
+  for (auto const* t : {&dout, &q, &k, &v, &out}) {
+    TORCH_CHECK(t->is_cuda(), "dash.bwd: all tensors must be on a CUDA device");
+    TORCH_CHECK(t->scalar_type() == q.scalar_type(), "dash.bwd: q, k, v, out, dout must share one dtype");
+  }
+  TORCH_CHECK(q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf,
+              "dash.bwd: dtype must be bfloat16 or float16, got ", q.scalar_type());
+  check_bshd(q, "q");
+  check_bshd(k, "k");
+  check_bshd(v, "v");
+  check_bshd(out, "out");
+  check_bshd(dout, "dout");
+  int64_t const batch = q.size(0), seqlen_q = q.size(1), heads = q.size(2), head_dim = q.size(3);
+  int64_t const seqlen_k = k.size(1), heads_k = k.size(2);
+  TORCH_CHECK(k.sizes() == v.sizes(), "dash.bwd: k and v must have the same shape");
+  TORCH_CHECK(k.size(0) == batch && k.size(3) == head_dim, "dash.bwd: k must be (batch, seqlen_k, heads_k, head_dim)");
+  TORCH_CHECK(out.sizes() == q.sizes() && dout.sizes() == q.sizes(), "dash.bwd: out and dout must have q's shape");
+  TORCH_CHECK(heads % heads_k == 0, "dash.bwd: heads of q (", heads, ") must be divisible by heads of k/v (", heads_k, ")");
+  TORCH_CHECK(batch > 0 && seqlen_q > 0 && seqlen_k > 0 && heads > 0, "dash.bwd: empty inputs are not supported");
+  TORCH_CHECK(softmax_lse.scalar_type() == at::kFloat && softmax_lse.dim() == 3 && softmax_lse.size(0) == batch &&
+                  softmax_lse.size(1) == heads && softmax_lse.size(2) == seqlen_q && softmax_lse.stride(2) == 1,
+              "dash.bwd: softmax_lse must be float32 (batch, heads, seqlen_q) with unit seqlen stride");
+  TORCH_CHECK(softmax_lse.device() == q.device(), "dash.bwd: softmax_lse must be on q's device");
+  TORCH_CHECK(seqlen_q < (1 << 30) && seqlen_k < (1 << 30), "dash.bwd: sequence too long");
+
+  c10::cuda::CUDAGuard device_guard(q.device());
+  auto const* props = at::cuda::getCurrentDeviceProperties();
+  TORCH_CHECK(props->major == 9 && props->minor == 0, "dash.bwd: needs a compute capability 9.0 GPU (H100/H200/H800/H20), got ",
+              props->name, " with ", props->major, ".", props->minor);
+  TORCH_CHECK(sm_margin >= 0 && sm_margin < props->multiProcessorCount, "dash.bwd: sm_margin=", sm_margin,
+              " must be in [0, ", props->multiProcessorCount, ")");
+
+  dash::BwdParams p;
+  p.dtype = q.scalar_type() == at::kBFloat16 ? dash::DType::kBFloat16 : dash::DType::kFloat16;
+  p.batch = int(batch);
+  p.seqlen_q = int(seqlen_q);
+  p.seqlen_k = int(seqlen_k);
+  p.num_heads = int(heads);
+  p.num_heads_k = int(heads_k);
+  p.head_dim = int(head_dim);
+  TORCH_CHECK(dash::bwd_is_built(p.head_dim, p.dtype), "dash.bwd: head_dim=", head_dim, " with dtype ",
+              q.scalar_type(), " is not built; built head dims: ", dash::bwd_built_head_dims(),
+              "; built dtypes: ", dash::bwd_built_dtypes());
+
+  Tensor dq = at::empty_like(q);
+  bool const gqa = heads != heads_k;
+  // GQA: the kernel writes one dK/dV per query head; the group sum below is a fixed-order
+  // fp32 reduction, so it keeps the result deterministic.
+  Tensor dk_heads = gqa ? at::empty({batch, seqlen_k, heads, head_dim}, k.options()) : at::empty_like(k);
+  Tensor dv_heads = gqa ? at::empty({batch, seqlen_k, heads, head_dim}, v.options()) : at::empty_like(v);
+
+  p.q = q.data_ptr();
+  p.k = k.data_ptr();
+  p.v = v.data_ptr();
+  p.out = out.data_ptr();
+  p.dout = dout.data_ptr();
+  p.q_strides = bshd_strides(q);
+  p.k_strides = bshd_strides(k);
+  p.v_strides = bshd_strides(v);
+  p.out_strides = bshd_strides(out);
+  p.dout_strides = bshd_strides(dout);
+  p.dq = dq.data_ptr();
+  p.dk = dk_heads.data_ptr();
+  p.dv = dv_heads.data_ptr();
+  p.dq_strides = bshd_strides(dq);
+  p.dk_strides = bshd_strides(dk_heads);
+  p.dv_strides = bshd_strides(dv_heads);
+  p.lse = softmax_lse.data_ptr<float>();
+  p.lse_batch_stride = softmax_lse.stride(0);
+  p.lse_head_stride = softmax_lse.stride(1);
+  p.softmax_scale = float(softmax_scale);
+  p.causal = causal;
+  p.deterministic = deterministic;
+  p.num_ctas_max = int(props->multiProcessorCount - sm_margin);
+
+  dash::BwdWorkspaceSizes const ws = dash::bwd_workspace_sizes(p);
+  auto const round4 = [](size_t n) { return (n + 3) / 4 * 4; };  // keep every region 16-byte aligned
+  size_t const total = round4(ws.lse_log2_floats) + round4(ws.dpsum_floats) + round4(ws.dq_accum_floats) +
+                       round4(ws.semaphore_ints);
+  Tensor workspace = at::empty({int64_t(total)}, q.options().dtype(at::kFloat));
+  float* base = workspace.data_ptr<float>();
+  p.lse_log2 = base;
+  base += round4(ws.lse_log2_floats);
+  p.dpsum = base;
+  base += round4(ws.dpsum_floats);
+  p.dq_accum = base;
+  base += round4(ws.dq_accum_floats);
+  p.dq_semaphore = reinterpret_cast<int*>(base);
+
+  // Test hook: DASH_POISON_OUTPUTS=1 fills dq/dk/dv with NaN (all-ones bytes) before the
+  // launch, so a test can prove every output element was written by the kernels.
+  char const* poison = std::getenv("DASH_POISON_OUTPUTS");
+  if (poison != nullptr && poison[0] == '1') {
+    for (Tensor* t : {&dq, &dk_heads, &dv_heads}) {
+      C10_CUDA_CHECK(cudaMemsetAsync(t->data_ptr(), 0xFF, t->nbytes(), at::cuda::getCurrentCUDAStream()));
+    }
+  }
+  try {
+    dash::run_bwd(p, at::cuda::getCurrentCUDAStream());
+  } catch (std::exception const& e) {
+    TORCH_CHECK(false, e.what());
+  }
+
+  if (!gqa) { return {dq, dk_heads, dv_heads}; }
+  int64_t const group = heads / heads_k;
+  Tensor dk = dk_heads.view({batch, seqlen_k, heads_k, group, head_dim}).sum(3, /*keepdim=*/false, at::kFloat).to(k.scalar_type());
+  Tensor dv = dv_heads.view({batch, seqlen_k, heads_k, group, head_dim}).sum(3, /*keepdim=*/false, at::kFloat).to(v.scalar_type());
+  return {dq, dk, dv};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(dash, m) {
+  m.def(
+      "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, float softmax_scale, "
+      "bool causal, bool deterministic, str schedule, int sm_margin) -> (Tensor dq, Tensor dk, Tensor dv)");
+}
+
+TORCH_LIBRARY_IMPL(dash, CUDA, m) { m.impl("bwd", &bwd_cuda); }
+
+// A plain extension module so that `import dash._C` loads the library and runs the
+// registrations above.
+extern "C" PyObject* PyInit__C(void) {
+  static PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", "DASH CUDA kernels (ops under torch.ops.dash)", -1,
+                               nullptr};
+  return PyModule_Create(&module);
+}

@@ -1,0 +1,3 @@
+from dash.cli import main
+
+raise SystemExit(main())

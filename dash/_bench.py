@@ -1,0 +1,72 @@
+"""``python -m dash bench``: the main job.
+
+On an sm_90 GPU: times the backward of a default training shape in every available mode
+(DASH non-deterministic, DASH deterministic per schedule, torch cuDNN / flash in the same
+run), checks the deterministic modes are bitwise repeatable, prints a table. Without
+one: says so and runs the scheduling model for the same shape instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--seqlen", type=int, default=4096)
+    p.add_argument("--hdim", type=int, default=128)
+    p.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--batch", type=int, default=None, help="default: 16384 // seqlen (16k tokens)")
+    p.add_argument("--heads", type=int, default=None, help="default: 2048 // hdim (hidden 2048)")
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=10, help="bitwise repeatability checks per deterministic mode")
+
+
+def _gpu_ok() -> tuple[bool, str]:
+    from dash._info import gpu_info
+
+    gpu = gpu_info()
+    if not gpu["present"]:
+        return False, gpu["reason"]
+    if not gpu["supported_by_dash"]:
+        return False, f"{gpu['name']} has compute capability {gpu['compute_capability']}, DASH needs 9.0"
+    from dash._ext import kernels_available, manifest
+
+    if not kernels_available():
+        return False, f"DASH's kernels are not available: {manifest().get('reason_not_built') or 'dash._C did not load'}"
+    return True, ""
+
+
+def run(args: argparse.Namespace) -> int:
+    batch = args.batch or max(16384 // args.seqlen, 1)
+    heads = args.heads or 2048 // args.hdim
+    ok, why = _gpu_ok()
+    if not ok:
+        print(f"No usable sm_90 GPU here ({why}); running the scheduling model for the same shape instead.\n")
+        from dash.cli import main as cli_main
+
+        argv = ["simulate", "--seqlen", str(args.seqlen), "--hdim", str(args.hdim), "--batch", str(batch),
+                "--heads", str(heads), "--schedule", "all"]
+        if args.causal:
+            argv.append("--causal")
+        return cli_main(argv)
+
+    import torch
+
+    from dash import bench
+
+    shape = bench.Shape(batch, args.seqlen, heads, args.hdim, args.causal)
+    modes = list(bench.available_modes())
+    print(f"{torch.cuda.get_device_name(0)}: attention backward, {shape.label()}, bf16; "
+          f"median of {args.iters} calls after {args.warmup} warm-ups")
+    print(bench.format_header(modes))
+    rows = bench.run_rows([shape], modes, warmup=args.warmup, iters=args.iters, bitwise_repeats=args.repeats)
+    row = rows[0]
+    for m, err in row.errors.items():
+        print(f"  {m}: {err}")
+    for m in bench.DETERMINISTIC_MODES:
+        if m in row.bitwise:
+            print(f"  {m}: {args.repeats} repeated backward calls bitwise identical: {row.bitwise[m]}")
+    if "dash_nondet" in row.ms and "dash_fa3_det" in row.ms:
+        print(f"  deterministic / non-deterministic = {row.ms['dash_nondet'] / row.ms['dash_fa3_det']:.3f}")
+    return 0 if all(row.bitwise.values()) and not row.errors.get("dash_fa3_det") else 1

@@ -1,0 +1,285 @@
+"""Backward-pass benchmark shared by ``python -m dash bench`` and ``benchmarks/bench_bwd.py``.
+
+One timer: CUDA events around each call, median of ``iters`` timed calls after ``warmup``
+calls, rotating among several input sets so that repeated calls do not measure L2.
+FLOPs are counted FA3's way: forward 4*b*h*sq*sk*d, backward 2.5x forward, halved for a
+causal mask.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import platform
+import statistics
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+#: The paper grid (anchors.md): 16k tokens, hidden 2048.
+PAPER_TOKENS = 16384
+PAPER_HIDDEN = 2048
+PAPER_SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
+
+
+@dataclass(frozen=True)
+class Shape:
+    batch: int
+    seqlen: int
+    heads: int
+    head_dim: int
+    causal: bool
+    heads_kv: Optional[int] = None
+    dtype: str = "bfloat16"
+
+    @staticmethod
+    def paper(seqlen: int, head_dim: int, causal: bool) -> "Shape":
+        return Shape(max(PAPER_TOKENS // seqlen, 1), seqlen, PAPER_HIDDEN // head_dim, head_dim, causal)
+
+    def bwd_flops(self) -> float:
+        fwd = 4.0 * self.batch * self.heads * self.seqlen * self.seqlen * self.head_dim
+        return 2.5 * fwd / (2.0 if self.causal else 1.0)
+
+    def label(self) -> str:
+        mask = "causal" if self.causal else "full"
+        return f"hd{self.head_dim} {mask} s{self.seqlen} b{self.batch} h{self.heads}"
+
+
+@dataclass
+class Row:
+    shape: Shape
+    ms: dict[str, float] = field(default_factory=dict)  # mode -> median ms
+    bitwise: dict[str, bool] = field(default_factory=dict)  # mode -> repeated calls identical
+    errors: dict[str, str] = field(default_factory=dict)
+
+    def tflops(self, mode: str) -> float:
+        return self.shape.bwd_flops() / (self.ms[mode] * 1e-3) / 1e12
+
+
+def _dtype(name: str) -> torch.dtype:
+    return {"bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+def make_input_sets(shape: Shape, n_sets: int, device: torch.device, seed: int = 0) -> list[dict]:
+    """Fresh randn inputs plus the DASH forward's out/lse and a random dout, per set."""
+    from dash.interface import _sdpa_forward
+
+    gen = torch.Generator(device=device).manual_seed(seed)
+    dt = _dtype(shape.dtype)
+    hk = shape.heads_kv or shape.heads
+    sets = []
+    for _ in range(n_sets):
+        q = torch.randn(shape.batch, shape.seqlen, shape.heads, shape.head_dim, device=device, dtype=dt, generator=gen)
+        k = torch.randn(shape.batch, shape.seqlen, hk, shape.head_dim, device=device, dtype=dt, generator=gen)
+        v = torch.randn_like(k)
+        dout = torch.randn_like(q)
+        scale = shape.head_dim ** -0.5
+        with torch.no_grad():
+            out, lse = _sdpa_forward(q, k, v, scale, shape.causal)
+        sets.append(dict(q=q, k=k, v=v, out=out, lse=lse, dout=dout, scale=scale))
+    return sets
+
+
+def cuda_time_ms(fn: Callable[[dict], object], sets: list[dict], warmup: int, iters: int) -> float:
+    """Median of `iters` CUDA-event-timed calls of fn(set), rotating over `sets`."""
+    for i in range(warmup):
+        fn(sets[i % len(sets)])
+    torch.cuda.synchronize()
+    times = []
+    for i in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s = sets[i % len(sets)]
+        start.record()
+        fn(s)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def _dash_backward(deterministic: bool, schedule: str = "fa3") -> Callable[[dict], tuple]:
+    from dash.interface import attention_backward
+
+    def run(s: dict):
+        return attention_backward(s["dout"], s["q"], s["k"], s["v"], s["out"], s["lse"], softmax_scale=s["scale"],
+                                  causal=s["causal"], deterministic=deterministic, schedule=schedule)
+
+    return run
+
+
+def _torch_sdpa_backward(backend) -> Callable[[dict], tuple]:
+    """Time only the backward of torch SDPA with one backend (forward run untimed, graph kept)."""
+    from torch.nn.attention import sdpa_kernel
+
+    graphs: dict[int, tuple] = {}
+
+    def run(s: dict):
+        key = id(s)
+        if key not in graphs:
+            q, k, v = (s[n].detach().transpose(1, 2).requires_grad_() for n in ("q", "k", "v"))
+            with sdpa_kernel(backend):
+                out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=s["causal"], scale=s["scale"])
+            graphs[key] = (out, (q, k, v), s["dout"].transpose(1, 2))
+        out, inputs, dout = graphs[key]
+        with sdpa_kernel(backend):
+            return torch.autograd.grad(out, inputs, dout, retain_graph=True)
+
+    return run
+
+
+def _fa3_backward() -> Optional[Callable[[dict], tuple]]:
+    try:
+        import flash_attn_interface as fa3  # upstream FA3 (hopper/), if installed
+    except ImportError:
+        return None
+
+    graphs: dict[int, tuple] = {}
+
+    def run(s: dict):
+        key = id(s)
+        if key not in graphs:
+            q, k, v = (s[n].detach().requires_grad_() for n in ("q", "k", "v"))
+            out = fa3.flash_attn_func(q, k, v, causal=s["causal"], softmax_scale=s["scale"])
+            graphs[key] = (out, (q, k, v))
+        out, inputs = graphs[key]
+        return torch.autograd.grad(out, inputs, s["dout"], retain_graph=True)
+
+    return run
+
+
+def available_modes() -> dict[str, Callable[[dict], tuple]]:
+    from torch.nn.attention import SDPBackend
+
+    modes = {
+        "dash_nondet": _dash_backward(False),
+        "dash_fa3_det": _dash_backward(True, "fa3"),
+        "torch_cudnn": _torch_sdpa_backward(SDPBackend.CUDNN_ATTENTION),
+        "torch_flash": _torch_sdpa_backward(SDPBackend.FLASH_ATTENTION),
+    }
+    fa3 = _fa3_backward()
+    if fa3 is not None:
+        modes["fa3_nondet"] = fa3
+    return modes
+
+
+DETERMINISTIC_MODES = ("dash_fa3_det",)
+
+
+def bitwise_repeatable(fn: Callable[[dict], tuple], s: dict, repeats: int) -> bool:
+    ref = [t.clone() for t in fn(s)]
+    for _ in range(repeats - 1):
+        if not all(torch.equal(a, b) for a, b in zip(ref, fn(s))):
+            return False
+    return True
+
+
+def run_rows(shapes: list[Shape], modes: Optional[list[str]] = None, warmup: int = 5, iters: int = 20,
+             n_sets: int = 3, bitwise_repeats: int = 3, log: Callable[[str], None] = print) -> list[Row]:
+    device = torch.device("cuda")
+    all_modes = available_modes()
+    chosen = {m: all_modes[m] for m in (modes or list(all_modes)) if m in all_modes}
+    rows = []
+    for shape in shapes:
+        sets = make_input_sets(shape, n_sets, device)
+        for s in sets:
+            s["causal"] = shape.causal
+        row = Row(shape)
+        for name, fn in chosen.items():
+            try:
+                row.ms[name] = cuda_time_ms(fn, sets, warmup, iters)
+                if name in DETERMINISTIC_MODES:
+                    row.bitwise[name] = bitwise_repeatable(fn, sets[0], bitwise_repeats)
+            except Exception as e:  # a backend may not support a shape; record it, keep going
+                row.errors[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+        log(format_row(row, list(chosen)))
+        rows.append(row)
+        del sets
+        torch.cuda.empty_cache()
+    return rows
+
+
+def format_header(modes: list[str]) -> str:
+    cols = "".join(f"{m:>14}" for m in modes)
+    return f"{'shape':<34}{cols}   (TFLOP/s; ratio to torch_cudnn)"
+
+
+def format_row(row: Row, modes: list[str]) -> str:
+    cells = []
+    base = row.ms.get("torch_cudnn")
+    for m in modes:
+        if m in row.ms:
+            ratio = f" {base / row.ms[m]:.2f}x" if base else ""
+            mark = "" if row.bitwise.get(m, True) else "!"
+            cells.append(f"{row.tflops(m):7.1f}{ratio}{mark}".rjust(14))
+        else:
+            cells.append("err".rjust(14))
+    return f"{row.shape.label():<34}" + "".join(cells)
+
+
+def geomean(values: list[float]) -> float:
+    import math
+
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
+
+
+def summary(rows: list[Row], modes: list[str], anchor: str = "torch_cudnn") -> dict[str, dict[str, float]]:
+    out = {}
+    for m in modes:
+        ratios = [r.ms[anchor] / r.ms[m] for r in rows if m in r.ms and anchor in r.ms]
+        if ratios:
+            out[m] = {"geomean_vs_" + anchor: geomean(ratios), "min_vs_" + anchor: min(ratios), "rows": len(ratios)}
+    return out
+
+
+def environment() -> dict:
+    from dash._ext import manifest
+
+    props = torch.cuda.get_device_properties(0)
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                cwd=Path(__file__).resolve().parent).stdout.strip() or None
+    except Exception:
+        commit = None
+    return {
+        "device": props.name,
+        "sm_count": props.multi_processor_count,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version(),
+        "commit": commit or manifest().get("git_commit"),
+        "build": manifest(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "host": platform.node(),
+    }
+
+
+def results_payload(rows: list[Row], modes: list[str], meta: dict) -> dict:
+    return {
+        "meta": meta,
+        "environment": environment(),
+        "summary": summary(rows, modes),
+        "rows": [
+            {
+                "shape": dataclasses.asdict(r.shape),
+                "bwd_flops": r.shape.bwd_flops(),
+                "ms": r.ms,
+                "tflops": {m: r.tflops(m) for m in r.ms},
+                "bitwise_repeatable": r.bitwise,
+                "errors": r.errors,
+            }
+            for r in rows
+        ],
+    }
+
+
+def write_results(payload: dict, directory: Path, tag: str) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    gpu = payload["environment"]["device"].replace(" ", "-")
+    day = payload["environment"]["date"][:10]
+    path = directory / f"{day}-{gpu}-{tag}.json"
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+    return path

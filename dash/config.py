@@ -1,0 +1,196 @@
+"""The one tile-configuration table of DASH's attention backward.
+
+This module is the single source of truth for tile shapes and pipeline depths.
+It drives three consumers:
+
+* the kernels, through a C++ header rendered from this table at build time
+  (``render_cpp_header``; ``setup.py`` and ``tools/check_kernels.py`` write it to
+  ``csrc/generated/bwd_config.h``, which is never edited or committed);
+* the host launch layer (workspace sizes, grid sizes) through that same header;
+* Python: the scheduling model tiles problems with exactly these block sizes.
+
+Tuning history (what was tried, what it measured) lives in ``docs/kernel-notes.md``,
+not as commented-out alternatives here.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from typing import Iterable
+
+#: Head dims the backward kernel has a configuration for. Other head dims are
+#: rejected by the API with a "not supported yet" error.
+SUPPORTED_HEAD_DIMS: tuple[int, ...] = (64, 128)
+#: Element types of q, k, v, o, do, and of dq, dk, dv.
+SUPPORTED_DTYPES: tuple[str, ...] = ("bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class BwdTileConfig:
+    """Tiling of the backward main kernel for one (head dim, mask) pair.
+
+    A *column* is one KV tile of ``block_n`` keys of one (batch, head); a *Q tile*
+    is ``block_m`` query rows. Each MMA warpgroup owns 64 of the column's keys
+    (S^T, dP^T, dK, dV are computed keys-major), so ``block_n == 64 * mma_warpgroups``.
+    """
+
+    head_dim: int
+    causal: bool
+    block_m: int  # kBlockM: query rows per Q tile
+    block_n: int  # kBlockN: key rows per column
+    mma_warpgroups: int  # consumer warpgroups (each 128 threads); +1 producer warpgroup
+    q_stages: int  # smem buffers of Q (+ its LSE) in flight
+    do_stages: int  # smem buffers of dO (+ its D = rowsum(dO*O)) in flight
+    ds_stages: int  # smem buffers of dS (A operand of the dQ GEMM)
+    note: str = ""
+
+    def __post_init__(self) -> None:
+        if self.block_n != 64 * self.mma_warpgroups:
+            raise ValueError(f"block_n={self.block_n} must be 64 * mma_warpgroups={self.mma_warpgroups}")
+        if self.block_m % 64 != 0:
+            raise ValueError(f"block_m={self.block_m} must be a multiple of 64 (WGMMA N granularity used here)")
+        if self.head_dim % 64 != 0:
+            raise ValueError(f"head_dim={self.head_dim} must be a multiple of 64 (128-byte swizzle rows)")
+
+    @property
+    def dq_split_rows(self) -> bool:
+        """How the dQ = dS K GEMM is split over the MMA warpgroups.
+
+        True: each warpgroup computes 64 query rows times the whole head dim
+        (needs block_m == 64 * mma_warpgroups). False: each warpgroup computes all
+        block_m rows times head_dim / mma_warpgroups columns.
+        """
+        return self.block_m == 64 * self.mma_warpgroups
+
+    @property
+    def num_threads(self) -> int:
+        return 128 * (self.mma_warpgroups + 1)
+
+    def smem_bytes(self, elem_bytes: int = 2) -> int:
+        """Main-kernel shared memory of the mainloop buffers (excluding barriers)."""
+        d, m, n = self.head_dim, self.block_m, self.block_n
+        kv = 2 * n * d * elem_bytes
+        q = self.q_stages * m * d * elem_bytes
+        do = self.do_stages * m * d * elem_bytes
+        ds = self.ds_stages * m * n * elem_bytes
+        dq = m * d * 4
+        lse_d = (self.q_stages + self.do_stages) * m * 4
+        return kv + q + do + ds + dq + lse_d
+
+
+#: The table. Keyed by (head_dim, causal).
+BWD_TILE_CONFIGS: tuple[BwdTileConfig, ...] = (
+    BwdTileConfig(64, False, 128, 128, 2, 2, 2, 2, note="FA3's hdim-64 tile; ~193 KB smem"),
+    BwdTileConfig(64, True, 128, 128, 2, 2, 2, 2, note="FA3's hdim-64 tile; ~193 KB smem"),
+    BwdTileConfig(128, False, 64, 128, 2, 2, 2, 2, note="64x128 as FA3 causal; 80x128 not yet measured"),
+    BwdTileConfig(128, True, 64, 128, 2, 2, 2, 2, note="FA3's causal hdim-128 tile; ~193 KB smem"),
+)
+
+#: Semaphore / workspace constants shared by host and kernels.
+PREPROCESS_THREADS = 256
+H100_SMEM_LIMIT_BYTES = 227 * 1024
+
+
+def bwd_tile_config(head_dim: int, causal: bool) -> BwdTileConfig:
+    """Return the configuration for ``head_dim`` and mask; raise a clear error otherwise."""
+    for cfg in BWD_TILE_CONFIGS:
+        if cfg.head_dim == head_dim and cfg.causal == bool(causal):
+            return cfg
+    supported = ", ".join(str(d) for d in SUPPORTED_HEAD_DIMS)
+    raise NotImplementedError(
+        f"head_dim={head_dim} is not supported yet by DASH's backward; supported head dims: {supported}"
+    )
+
+
+def _check_table(configs: Iterable[BwdTileConfig]) -> None:
+    seen = set()
+    for cfg in configs:
+        key = (cfg.head_dim, cfg.causal)
+        if key in seen:
+            raise ValueError(f"duplicate config for {key}")
+        seen.add(key)
+        if cfg.smem_bytes() > H100_SMEM_LIMIT_BYTES - 1024:
+            raise ValueError(f"config {key} needs {cfg.smem_bytes()} B of shared memory")
+    for d in SUPPORTED_HEAD_DIMS:
+        for causal in (False, True):
+            if (d, causal) not in seen:
+                raise ValueError(f"no config for head_dim={d} causal={causal}")
+
+
+_check_table(BWD_TILE_CONFIGS)
+
+
+def render_cpp_header() -> str:
+    """Render the table as C++ for the kernels and the host launch layer."""
+    lines = [
+        "// Generated from dash/config.py by render_cpp_header(). Do not edit; do not commit.",
+        "#pragma once",
+        "",
+        "namespace dash {",
+        "",
+        "// Primary template left undefined: an unlisted (head dim, mask) is a compile error.",
+        "template <int kHeadDim_, bool Is_causal_> struct BwdTileConfig;",
+        "",
+    ]
+    for cfg in BWD_TILE_CONFIGS:
+        lines += [
+            f"// {cfg.note}" if cfg.note else "//",
+            f"template <> struct BwdTileConfig<{cfg.head_dim}, {'true' if cfg.causal else 'false'}> {{",
+            f"  static constexpr int kHeadDim = {cfg.head_dim};",
+            f"  static constexpr bool Is_causal = {'true' if cfg.causal else 'false'};",
+            f"  static constexpr int kBlockM = {cfg.block_m};",
+            f"  static constexpr int kBlockN = {cfg.block_n};",
+            f"  static constexpr int NumMmaWarpGroups = {cfg.mma_warpgroups};",
+            f"  static constexpr int kStagesQ = {cfg.q_stages};",
+            f"  static constexpr int kStagesdO = {cfg.do_stages};",
+            f"  static constexpr int kStagesdS = {cfg.ds_stages};",
+            f"  static constexpr bool dQ_split_rows = {'true' if cfg.dq_split_rows else 'false'};",
+            "};",
+            "",
+        ]
+    dims = ", ".join(str(d) for d in SUPPORTED_HEAD_DIMS)
+    lines += [
+        f"inline constexpr int kSupportedHeadDims[] = {{{dims}}};",
+        f"inline constexpr int kPreprocessThreads = {PREPROCESS_THREADS};",
+        "",
+        "}  // namespace dash",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="DASH tile configuration table")
+    parser.add_argument("--header", metavar="PATH", help="write the C++ header to PATH ('-' for stdout)")
+    args = parser.parse_args(argv)
+    if args.header:
+        text = render_cpp_header()
+        if args.header == "-":
+            print(text, end="")
+        else:
+            write_if_changed(args.header, text)
+    else:
+        for cfg in BWD_TILE_CONFIGS:
+            print(cfg)
+    return 0
+
+
+def write_if_changed(path: str, text: str) -> bool:
+    """Write ``text`` to ``path`` unless identical (keeps ninja from rebuilding)."""
+    import os
+
+    try:
+        with open(path) as f:
+            if f.read() == text:
+                return False
+    except FileNotFoundError:
+        pass
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
+    return True
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -117,7 +117,7 @@ std::tuple<Tensor, Tensor, Tensor> bwd_cuda(Tensor const& dout, Tensor const& q,
   dash::BwdWorkspaceSizes const ws = dash::bwd_workspace_sizes(p);
   auto const round4 = [](size_t n) { return (n + 3) / 4 * 4; };  // keep every region 16-byte aligned
   size_t const total = round4(ws.lse_log2_floats) + round4(ws.dpsum_floats) + round4(ws.dq_accum_floats) +
-                       round4(ws.semaphore_ints);
+                       round4(ws.semaphore_ints) + round4(ws.counter_ints);
   Tensor workspace = at::empty({int64_t(total)}, q.options().dtype(at::kFloat));
   float* base = workspace.data_ptr<float>();
   p.lse_log2 = base;
@@ -127,6 +127,8 @@ std::tuple<Tensor, Tensor, Tensor> bwd_cuda(Tensor const& dout, Tensor const& q,
   p.dq_accum = base;
   base += round4(ws.dq_accum_floats);
   p.dq_semaphore = reinterpret_cast<int*>(base);
+  base += round4(ws.semaphore_ints);
+  p.work_counter = reinterpret_cast<int*>(base);
 
   // Test hook: DASH_POISON_OUTPUTS=1 fills dq/dk/dv with NaN (all-ones bytes) before the
   // launch, so a test can prove every output element was written by the kernels.

@@ -14,9 +14,7 @@ class KernelsNotBuiltError(RuntimeError):
     """Raised when a DASH kernel is called in an install that has no compiled kernels."""
 
 
-@functools.lru_cache(maxsize=None)
-def manifest() -> dict[str, Any]:
-    """What setup.py compiled: head dims, dtypes, arch, CUDA/torch versions, git commit."""
+def _read_manifest() -> dict[str, Any]:
     try:
         return json.loads(_MANIFEST_PATH.read_text())
     except FileNotFoundError:
@@ -27,6 +25,15 @@ def manifest() -> dict[str, Any]:
             "head_dims": [],
             "dtypes": [],
         }
+
+
+# Read once at import: callers (also code traced by torch.compile) only look it up.
+_MANIFEST: dict[str, Any] = _read_manifest()
+
+
+def manifest() -> dict[str, Any]:
+    """What setup.py compiled: head dims, dtypes, arch, CUDA/torch versions, git commit."""
+    return _MANIFEST
 
 
 @functools.lru_cache(maxsize=None)

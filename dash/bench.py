@@ -115,16 +115,15 @@ def _torch_sdpa_backward(backend) -> Callable[[dict], tuple]:
     """Time only the backward of torch SDPA with one backend (forward run untimed, graph kept)."""
     from torch.nn.attention import sdpa_kernel
 
-    graphs: dict[int, tuple] = {}
+    key = f"_graph_sdpa_{backend}"  # the forward graph lives with its input set
 
     def run(s: dict):
-        key = id(s)
-        if key not in graphs:
+        if key not in s:
             q, k, v = (s[n].detach().transpose(1, 2).requires_grad_() for n in ("q", "k", "v"))
             with sdpa_kernel(backend):
                 out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=s["causal"], scale=s["scale"])
-            graphs[key] = (out, (q, k, v), s["dout"].transpose(1, 2))
-        out, inputs, dout = graphs[key]
+            s[key] = (out, (q, k, v), s["dout"].transpose(1, 2))
+        out, inputs, dout = s[key]
         with sdpa_kernel(backend):
             return torch.autograd.grad(out, inputs, dout, retain_graph=True)
 
@@ -137,15 +136,12 @@ def _fa3_backward() -> Optional[Callable[[dict], tuple]]:
     except ImportError:
         return None
 
-    graphs: dict[int, tuple] = {}
-
     def run(s: dict):
-        key = id(s)
-        if key not in graphs:
+        if "_graph_fa3" not in s:
             q, k, v = (s[n].detach().requires_grad_() for n in ("q", "k", "v"))
             out = fa3.flash_attn_func(q, k, v, causal=s["causal"], softmax_scale=s["scale"])
-            graphs[key] = (out, (q, k, v))
-        out, inputs = graphs[key]
+            s["_graph_fa3"] = (out, (q, k, v))
+        out, inputs = s["_graph_fa3"]
         return torch.autograd.grad(out, inputs, s["dout"], retain_graph=True)
 
     return run
@@ -239,18 +235,21 @@ def environment() -> dict:
     from dash._ext import manifest
 
     props = torch.cuda.get_device_properties(0)
+    # The kernels' source commit is what the build recorded; a checkout's HEAD may differ.
+    commit = manifest().get("git_commit")
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).resolve().parent).stdout.strip() or None
+        head = subprocess.run(["git", "rev-parse", "--verify", "-q", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).resolve().parent).stdout.strip() or None
     except Exception:
-        commit = None
+        head = None
     return {
         "device": props.name,
         "sm_count": props.multi_processor_count,
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version(),
-        "commit": commit or manifest().get("git_commit"),
+        "commit": commit,
+        "checkout_head": head,
         "build": manifest(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "host": platform.node(),

@@ -86,17 +86,10 @@ def test_every_output_element_written(head_dim, causal, monkeypatch):
             assert torch.isfinite(g).all(), f"{name} has unwritten (NaN) elements"
 
 
-def test_poison_hook_really_poisons(monkeypatch):
-    """Guard against a vacuous poison test: with the hook on, an unwritten output would be NaN."""
-    monkeypatch.setenv("DASH_POISON_OUTPUTS", "1")
-    x = torch.empty(16, device="cuda", dtype=torch.bfloat16)
-    torch.cuda.synchronize()
-    assert torch.cuda.memory_allocated() > 0 and x.numel() == 16  # the hook itself is exercised above;
-    # here check that 0xFF bytes decode as NaN in both dtypes.
-    for dt in (torch.bfloat16, torch.float16, torch.float32):
-        y = torch.full((4,), -1, dtype=torch.int8, device="cuda").view(torch.uint8)
-        y = torch.full((8,), 255, dtype=torch.uint8, device="cuda").view(dt)
-        assert torch.isnan(y).all()
+def test_poison_bytes_decode_as_nan():
+    """The poison hook writes all-ones bytes; the test above relies on that being NaN."""
+    for dt in (torch.bfloat16, torch.float16):
+        assert torch.isnan(torch.full((8,), 255, dtype=torch.uint8, device="cuda").view(dt)).all()
 
 
 def _bitwise_repeats(q, k, v, dout, out, lse, causal, repeats, side_stream_work=False):

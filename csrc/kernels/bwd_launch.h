@@ -46,6 +46,7 @@ void run_bwd_impl(BwdParams const& p, cudaStream_t stream) {
   pp.dpsum = p.dpsum;
   pp.dq_accum = p.dq_accum;
   pp.dq_semaphore = p.dq_semaphore;
+  pp.work_counter = p.work_counter;
   pp.dq = p.dq;
   pp.dq_strides = p.dq_strides;
   pp.seqlen_q = p.seqlen_q;
@@ -85,6 +86,7 @@ void run_bwd_impl(BwdParams const& p, cudaStream_t stream) {
       stats_bh_stride,
       p.dq_accum,
       p.dq_semaphore,
+      p.work_counter,
       static_cast<Element*>(p.dk),
       static_cast<Element*>(p.dv),
       p.dk_strides,
@@ -99,7 +101,7 @@ void run_bwd_impl(BwdParams const& p, cudaStream_t stream) {
 
   int const num_columns = geo.num_n_blocks() * p.num_heads * p.batch;
   int const num_ctas = num_columns < p.num_ctas_max ? num_columns : p.num_ctas_max;
-  mp.schedule = make_fa3_schedule(geo, p.num_heads, p.batch, num_ctas, p.deterministic);
+  mp.schedule = make_fa3_schedule(geo, p.num_heads, p.batch, p.deterministic);
 
   auto kernel = bwd_main_kernel<Traits>;
   constexpr int smem_bytes = Traits::kSmemBytes;

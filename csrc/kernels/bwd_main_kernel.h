@@ -8,15 +8,18 @@
 //   warpgroups 1..2     : MMA. Each owns 64 keys of the column; keeps dK, dV in registers
 //                         for the column's life; computes S^T, dP^T, P^T, dS^T, dV, dK, dQ.
 //
-// Which CTA runs which column, the order of Q tiles inside a column and each
-// contribution's turn come from the Schedule (schedule/schedule.h). All three roles walk
-// the same schedule, so loads, compute and adds happen in the same order.
+// Which column comes next, the order of Q tiles inside a column and each contribution's
+// turn come from the Schedule (schedule/schedule.h). The producer decides the CTA's next
+// column (here: claims the next item from a global counter) and hands it to the MMA
+// warpgroups and the dQ writer through a two-slot ring in shared memory, so all roles
+// process the same columns in the same order.
 #pragma once
 
 #include <cute/tensor.hpp>
 #include <cutlass/arch/reg_reconfig.h>
 #include <cutlass/numeric_conversion.h>
 
+#include "kernels/acc_store.h"
 #include "kernels/bwd_traits.h"
 #include "kernels/ptx.h"
 
@@ -85,12 +88,21 @@ struct BwdMainKernel {
     }
   };
 
+  // Reader side of the producer's work ring: the k-th column of this CTA, or an invalid
+  // item (>= num_columns) when the CTA is done.
+  static __device__ __forceinline__ int next_work_item(SharedStorage& ss, int k) {
+    int const slot = k & 1;
+    ptx::mbar_wait(&ss.bar_work_full[slot], (k >> 1) & 1);
+    int const item = ss.work_item[slot];
+    ptx::mbar_arrive(&ss.bar_work_empty[slot]);
+    return item;
+  }
+
   // ---------------------------------------------------------------------------------------
   // Producer: one elected lane of warp 0.
   // ---------------------------------------------------------------------------------------
   static __device__ void producer(Params const& params, SharedStorage& ss) {
     auto const& sched = params.schedule;
-    int const cta = blockIdx.x;
 
     Tensor sQ = make_tensor(make_smem_ptr(ss.smem_q), typename Traits::SmemLayoutQ{});
     Tensor sdO = make_tensor(make_smem_ptr(ss.smem_do), typename Traits::SmemLayoutdO{});
@@ -112,50 +124,78 @@ struct BwdMainKernel {
 
     StageState stage;
     uint32_t kv_phase = 0;
-    int const num_items = sched.num_items(cta);
-    for (int item = 0; item < num_items; ++item) {
-      ColumnCoord const col = sched.item(cta, item);
-      int const num_steps = sched.num_steps(col);
-      if (num_steps == 0) { continue; }
-      int const h_kv = col.h / params.heads_per_kv_head;
-      Tensor gQ = local_tile(mQ_all(_, _, col.h, col.b), Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(_, _0{}));
-      Tensor gdO = local_tile(mdO_all(_, _, col.h, col.b), Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(_, _0{}));
-      Tensor gK = local_tile(mK_all(_, _, h_kv, col.b), Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(col.n, _0{}));
-      Tensor gV = local_tile(mV_all(_, _, h_kv, col.b), Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(col.n, _0{}));
-      Tensor tQgQ = tma_q.partition_S(gQ);      // (TMA, 1, 1, m)
-      Tensor tdOgdO = tma_do.partition_S(gdO);  // (TMA, 1, 1, m)
-      Tensor tKgK = tma_k.partition_S(gK);
-      Tensor tVgV = tma_v.partition_S(gV);
-      int64_t const stats_offset = (int64_t(col.b) * params.num_heads + col.h) * params.stats_bh_stride;
-      float const* lse_bh = params.lse_log2 + stats_offset;
-      float const* dpsum_bh = params.dpsum + stats_offset;
+    int const num_columns = sched.num_columns();
+    int item = blockIdx.x;
+    for (int k = 0;; ++k) {
+      // Publish the item (mbarrier arrive has release semantics for the st.shared).
+      int const slot = k & 1;
+      ptx::mbar_wait(&ss.bar_work_empty[slot], ((k >> 1) & 1) ^ 1);
+      ss.work_item[slot] = item;
+      ptx::mbar_arrive(&ss.bar_work_full[slot]);
+      if (item >= num_columns) { break; }
 
-      for (int step = 0; step < num_steps; ++step) {
-        int const m = sched.m_block(col, step);
-        // Q_m and its LSE share one full barrier; so do dO_m and its D.
-        ptx::mbar_wait(&ss.bar_q_empty[stage.index], stage.phase ^ 1);
-        ptx::mbar_arrive_expect_tx(&ss.bar_q_full[stage.index], Traits::kBytesQ + Traits::kBytesRowStats);
-        copy(params.tma_q.with(ss.bar_q_full[stage.index], 0, TMA::CacheHintSm90::EVICT_LAST),
-             tQgQ(_, _, _, m), tQsQ(_, _, _, stage.index));
-        ptx::bulk_copy_g2s(ss.smem_lse + stage.index * kBlockM, lse_bh + m * kBlockM, Traits::kBytesRowStats,
-                           &ss.bar_q_full[stage.index]);
-        if (step == 0) {
-          // K, V are overwritten only after every MMA thread finished the previous column
-          // (bar_kv_empty); the first Q tile above is already in flight meanwhile.
-          ptx::mbar_wait(&ss.bar_kv_empty, kv_phase ^ 1);
-          ptx::mbar_arrive_expect_tx(&ss.bar_kv_full, 2 * Traits::kBytesKV);
-          copy(params.tma_k.with(ss.bar_kv_full, 0), tKgK, tKsK);
-          copy(params.tma_v.with(ss.bar_kv_full, 0), tVgV, tVsV);
-          kv_phase ^= 1;
-        }
-        ptx::mbar_wait(&ss.bar_do_empty[stage.index], stage.phase ^ 1);
-        ptx::mbar_arrive_expect_tx(&ss.bar_do_full[stage.index], Traits::kBytesQ + Traits::kBytesRowStats);
-        copy(params.tma_do.with(ss.bar_do_full[stage.index], 0, TMA::CacheHintSm90::EVICT_LAST),
-             tdOgdO(_, _, _, m), tdOsdO(_, _, _, stage.index));
-        ptx::bulk_copy_g2s(ss.smem_dpsum + stage.index * kBlockM, dpsum_bh + m * kBlockM, Traits::kBytesRowStats,
-                           &ss.bar_do_full[stage.index]);
-        stage.advance();
+      ColumnCoord const col = sched.column(item);
+      int const num_steps = sched.num_steps(col);
+      if (num_steps > 0) {
+        load_column(params, ss, col, num_steps, stage, kv_phase, tQsQ, tdOsdO, tKsK, tVsV, mQ_all, mdO_all, mK_all,
+                    mV_all, tma_q, tma_do, tma_k, tma_v);
       }
+      // Items are claimed in increasing order (the deadlock-freedom argument in
+      // schedule.h); the first gridDim.x items are the CTAs' first columns.
+      item = int(gridDim.x) + atomicAdd(params.work_counter, 1);
+    }
+  }
+
+  template <class TQs, class TdOs, class TKs, class TVs, class MQ, class MdO, class MK, class MV, class TmaQ,
+            class TmadO, class TmaK, class TmaV>
+  static __device__ __forceinline__ void load_column(Params const& params, SharedStorage& ss, ColumnCoord col,
+                                                     int num_steps, StageState& stage, uint32_t& kv_phase,
+                                                     TQs& tQsQ, TdOs& tdOsdO, TKs& tKsK, TVs& tVsV, MQ const& mQ_all,
+                                                     MdO const& mdO_all, MK const& mK_all, MV const& mV_all,
+                                                     TmaQ const& tma_q, TmadO const& tma_do, TmaK const& tma_k,
+                                                     TmaV const& tma_v) {
+    auto const& sched = params.schedule;
+    int const h_kv = col.h / params.heads_per_kv_head;
+    Tensor gQ = local_tile(mQ_all(_, _, col.h, col.b), Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(_, _0{}));
+    Tensor gdO = local_tile(mdO_all(_, _, col.h, col.b), Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(_, _0{}));
+    Tensor gK = local_tile(mK_all(_, _, h_kv, col.b), Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(col.n, _0{}));
+    Tensor gV = local_tile(mV_all(_, _, h_kv, col.b), Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(col.n, _0{}));
+    Tensor tQgQ = tma_q.partition_S(gQ);      // (TMA, 1, 1, m)
+    Tensor tdOgdO = tma_do.partition_S(gdO);  // (TMA, 1, 1, m)
+    Tensor tKgK = tma_k.partition_S(gK);
+    Tensor tVgV = tma_v.partition_S(gV);
+    int64_t const stats_offset = (int64_t(col.b) * params.num_heads + col.h) * params.stats_bh_stride;
+    float const* lse_bh = params.lse_log2 + stats_offset;
+    float const* dpsum_bh = params.dpsum + stats_offset;
+
+    for (int step = 0; step < num_steps; ++step) {
+      int const m = sched.m_block(col, step);
+      // Q_m and its LSE share one full barrier; so do dO_m and its D.
+      ptx::mbar_wait(&ss.bar_q_empty[stage.index], stage.phase ^ 1);
+      ptx::mbar_arrive_expect_tx(&ss.bar_q_full[stage.index], Traits::kBytesQ + Traits::kBytesRowStats);
+      copy(params.tma_q.with(ss.bar_q_full[stage.index], 0, TMA::CacheHintSm90::EVICT_LAST), tQgQ(_, _, _, m),
+           tQsQ(_, _, _, stage.index));
+      ptx::bulk_copy_g2s(ss.smem_lse + stage.index * kBlockM, lse_bh + m * kBlockM, Traits::kBytesRowStats,
+                         &ss.bar_q_full[stage.index]);
+      if (step == 0) {
+        // V, then K, are overwritten once every MMA thread finished its last read of the
+        // previous column's (bar_v_empty after the last dP GEMM, bar_k_empty after the
+        // last dQ GEMM); the first Q tile above is already in flight meanwhile.
+        ptx::mbar_wait(&ss.bar_v_empty, kv_phase ^ 1);
+        ptx::mbar_arrive_expect_tx(&ss.bar_v_full, Traits::kBytesKV);
+        copy(params.tma_v.with(ss.bar_v_full, 0), tVgV, tVsV);
+        ptx::mbar_wait(&ss.bar_k_empty, kv_phase ^ 1);
+        ptx::mbar_arrive_expect_tx(&ss.bar_k_full, Traits::kBytesKV);
+        copy(params.tma_k.with(ss.bar_k_full, 0), tKgK, tKsK);
+        kv_phase ^= 1;
+      }
+      ptx::mbar_wait(&ss.bar_do_empty[stage.index], stage.phase ^ 1);
+      ptx::mbar_arrive_expect_tx(&ss.bar_do_full[stage.index], Traits::kBytesQ + Traits::kBytesRowStats);
+      copy(params.tma_do.with(ss.bar_do_full[stage.index], 0, TMA::CacheHintSm90::EVICT_LAST), tdOgdO(_, _, _, m),
+           tdOsdO(_, _, _, stage.index));
+      ptx::bulk_copy_g2s(ss.smem_dpsum + stage.index * kBlockM, dpsum_bh + m * kBlockM, Traits::kBytesRowStats,
+                         &ss.bar_do_full[stage.index]);
+      stage.advance();
     }
   }
 
@@ -174,7 +214,6 @@ struct BwdMainKernel {
   // ---------------------------------------------------------------------------------------
   static __device__ void dq_writer(Params const& params, SharedStorage& ss) {
     auto const& sched = params.schedule;
-    int const cta = blockIdx.x;
     int const lane = threadIdx.x % 32;
     int const num_m_blocks = sched.geo.num_m_blocks();
     constexpr int kSliceFloats = Traits::kdQSliceFloats;
@@ -185,9 +224,10 @@ struct BwdMainKernel {
     for (int w = 0; w < NumMmaWarpGroups; ++w) {
       ptx::named_arrive(uint32_t(BwdBarrier::kdQEmpty0) + w, kBarThreads);
     }
-    int const num_items = sched.num_items(cta);
-    for (int item = 0; item < num_items; ++item) {
-      ColumnCoord const col = sched.item(cta, item);
+    for (int k = 0;; ++k) {
+      int const item = next_work_item(ss, k);
+      if (item >= sched.num_columns()) { break; }
+      ColumnCoord const col = sched.column(item);
       int const num_steps = sched.num_steps(col);
       int64_t const bh = int64_t(col.b) * params.num_heads + col.h;
       float* dq_accum_bh = params.dq_accum + bh * num_m_blocks * (kBlockM * kHeadDim);
@@ -232,7 +272,6 @@ struct BwdMainKernel {
   static __device__ void mma(Params const& params, SharedStorage& ss, int mma_tidx) {
     auto const& sched = params.schedule;
     auto const& geo = sched.geo;
-    int const cta = blockIdx.x;
     int const wg = mma_tidx / 128;
     int const wg_tidx = mma_tidx % 128;
 
@@ -282,9 +321,10 @@ struct BwdMainKernel {
     uint32_t kv_phase = 0;
     int const seqlen_q = geo.seqlen_q, seqlen_k = geo.seqlen_k;
 
-    int const num_items = sched.num_items(cta);
-    for (int item = 0; item < num_items; ++item) {
-      ColumnCoord const col = sched.item(cta, item);
+    for (int k = 0;; ++k) {
+      int const item = next_work_item(ss, k);
+      if (item >= sched.num_columns()) { break; }
+      ColumnCoord const col = sched.column(item);
       int const num_steps = sched.num_steps(col);
 
       Tensor tdKrdK = partition_fragment_C(tiled_mma_dKV, Shape<Int<kBlockN>, Int<kHeadDim>>{});
@@ -292,10 +332,6 @@ struct BwdMainKernel {
       clear(tdKrdK);
       clear(tdVrdV);
 
-      if (num_steps > 0) {
-        ptx::mbar_wait(&ss.bar_kv_full, kv_phase);
-        kv_phase ^= 1;
-      }
       for (int step = 0; step < num_steps; ++step) {
         int const m = sched.m_block(col, step);
         float const* sLSE = ss.smem_lse + stage.index * kBlockM;
@@ -305,8 +341,13 @@ struct BwdMainKernel {
         Tensor tSrS = partition_fragment_C(tiled_mma_SdP, Shape<Int<kBlockN>, Int<kBlockM>>{});
         Tensor tdPrdP = partition_fragment_C(tiled_mma_SdP, Shape<Int<kBlockN>, Int<kBlockM>>{});
         ptx::mbar_wait(&ss.bar_q_full[stage.index], stage.phase);
+        if (step == 0) { ptx::mbar_wait(&ss.bar_k_full, kv_phase); }
         detail::wgmma_gemm<true, false>(tiled_mma_SdP, tSrK, tSrQ(_, _, _, stage.index), tSrS);
         ptx::mbar_wait(&ss.bar_do_full[stage.index], stage.phase);
+        if (step == 0) {
+          ptx::mbar_wait(&ss.bar_v_full, kv_phase);
+          kv_phase ^= 1;
+        }
         detail::wgmma_gemm<true, false>(tiled_mma_SdP, tdPrV, tdPrdO(_, _, _, stage.index), tdPrdP);
 
         warpgroup_wait<1>();  // S^T ready
@@ -326,6 +367,7 @@ struct BwdMainKernel {
           tSrS(i) = detail::exp2_approx(fmaf(tSrS(i), params.softmax_scale_log2, -sLSE[get<1>(tScS(i))]));
         }
         warpgroup_wait<0>();  // dP^T ready
+        if (step == num_steps - 1) { ptx::mbar_arrive(&ss.bar_v_empty); }  // last read of this column's V
         // dS^T = P^T * (dP^T - D[query]).
         CUTLASS_PRAGMA_UNROLL
         for (int i = 0; i < size(tdPrdP); ++i) {
@@ -366,6 +408,7 @@ struct BwdMainKernel {
         Tensor tdKrdS = make_tensor(rdS.data(), detail::acc_layout_as_A_regs(tdPrdP.layout()));
         detail::wgmma_gemm<false, true>(tiled_mma_dKV, tdKrdS, tdKrQt(_, _, _, stage.index), tdKrdK);
         warpgroup_wait<1>();  // dQ GEMM done
+        if (step == num_steps - 1) { ptx::mbar_arrive(&ss.bar_k_empty); }  // last read of this column's K
 
         // dQ partial -> this warpgroup's staging slice, for the dQ writer warp.
         ptx::named_sync(uint32_t(BwdBarrier::kdQEmpty0) + wg, 128 + 32);
@@ -379,10 +422,6 @@ struct BwdMainKernel {
 
         warpgroup_wait<0>();  // dK GEMM done: Q_m no longer read
         ptx::mbar_arrive(&ss.bar_q_empty[stage.index]);
-        if (step == num_steps - 1) {
-          // Last reads of K (S^T, dQ GEMMs) and V (dP^T GEMM) of this column are complete.
-          ptx::mbar_arrive(&ss.bar_kv_empty);
-        }
         stage.advance();
         ds_stage ^= 1;
       }
@@ -399,21 +438,8 @@ struct BwdMainKernel {
     int const seqlen_k = params.schedule.geo.seqlen_k;
     Element* dk = params.dk + int64_t(col.b) * params.dk_strides.batch + int64_t(col.h) * params.dk_strides.head;
     Element* dv = params.dv + int64_t(col.b) * params.dv_strides.batch + int64_t(col.h) * params.dv_strides.head;
-    // Values 2i and 2i+1 of a WGMMA accumulator are adjacent columns of one row.
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < size(tdKrdK); i += 2) {
-      int const key = col.n * kBlockN + get<0>(tdKVcdKV(i));
-      int const d = get<1>(tdKVcdKV(i));
-      if (key < seqlen_k) {
-        cutlass::Array<Element, 2> k2, v2;
-        k2[0] = Element(tdKrdK(i) * params.softmax_scale);
-        k2[1] = Element(tdKrdK(i + 1) * params.softmax_scale);
-        v2[0] = Element(tdVrdV(i));
-        v2[1] = Element(tdVrdV(i + 1));
-        *reinterpret_cast<cutlass::Array<Element, 2>*>(dk + int64_t(key) * params.dk_strides.row + d) = k2;
-        *reinterpret_cast<cutlass::Array<Element, 2>*>(dv + int64_t(key) * params.dv_strides.row + d) = v2;
-      }
-    }
+    store_acc_rows_16B(tdKrdK, tdKVcdKV, params.softmax_scale, dk, params.dk_strides.row, col.n * kBlockN, seqlen_k);
+    store_acc_rows_16B(tdVrdV, tdKVcdKV, 1.0f, dv, params.dv_strides.row, col.n * kBlockN, seqlen_k);
   }
 };
 
@@ -431,8 +457,15 @@ __global__ void __launch_bounds__(Traits::NumThreads, 1)
     cute::prefetch_tma_descriptor(params.tma_k.get_tma_descriptor());
     cute::prefetch_tma_descriptor(params.tma_v.get_tma_descriptor());
     // Full barriers: one producer arrival (+ TMA bytes). Empty barriers: every MMA thread.
-    ptx::mbar_init(&ss.bar_kv_full, 1);
-    ptx::mbar_init(&ss.bar_kv_empty, Traits::NumMmaThreads);
+    ptx::mbar_init(&ss.bar_k_full, 1);
+    ptx::mbar_init(&ss.bar_v_full, 1);
+    ptx::mbar_init(&ss.bar_k_empty, Traits::NumMmaThreads);
+    ptx::mbar_init(&ss.bar_v_empty, Traits::NumMmaThreads);
+    // Work ring: the producer publishes; every MMA thread and the dQ writer warp consume.
+    for (int s = 0; s < 2; ++s) {
+      ptx::mbar_init(&ss.bar_work_full[s], 1);
+      ptx::mbar_init(&ss.bar_work_empty[s], Traits::NumMmaThreads + 32);
+    }
     for (int s = 0; s < Traits::kStagesQ; ++s) {
       ptx::mbar_init(&ss.bar_q_full[s], 1);
       ptx::mbar_init(&ss.bar_q_empty[s], Traits::NumMmaThreads);

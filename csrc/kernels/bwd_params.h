@@ -49,6 +49,7 @@ struct BwdParams {
   float* dpsum = nullptr;         // D = rowsum(dO * O), same shape
   float* dq_accum = nullptr;      // (batch, heads, num_m_blocks, kBlockM * head_dim), MMA fragment order
   int* dq_semaphore = nullptr;    // (batch, heads, num_m_blocks)
+  int* work_counter = nullptr;    // one int: columns claimed by the persistent CTAs
 };
 
 struct BwdWorkspaceSizes {
@@ -56,6 +57,7 @@ struct BwdWorkspaceSizes {
   size_t dpsum_floats = 0;
   size_t dq_accum_floats = 0;
   size_t semaphore_ints = 0;
+  size_t counter_ints = 1;
 };
 
 }  // namespace dash

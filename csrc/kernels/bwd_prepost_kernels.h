@@ -13,6 +13,7 @@
 #include <cute/tensor.hpp>
 #include <cutlass/numeric_types.h>
 
+#include "kernels/acc_store.h"
 #include "kernels/bwd_traits.h"
 
 namespace dash {
@@ -27,6 +28,7 @@ struct PrepostParams {
   float* dpsum;
   float* dq_accum;
   int* dq_semaphore;
+  int* work_counter;
   void* dq;
   BSHDStrides dq_strides;
   int seqlen_q, num_heads, num_m_blocks;
@@ -80,6 +82,7 @@ __global__ void __launch_bounds__(kPreprocessThreads)
   float4* chunk = reinterpret_cast<float4*>(p.dq_accum + (bh * p.num_m_blocks + m) * (kBlockM * kHeadDim));
   for (int i = tid; i < kBlockM * kHeadDim / 4; i += kPreprocessThreads) { chunk[i] = make_float4(0.f, 0.f, 0.f, 0.f); }
   if (tid == 0) { p.dq_semaphore[bh * p.num_m_blocks + m] = 0; }
+  if (tid == 0 && m == 0 && h == 0 && b == 0) { *p.work_counter = 0; }
 }
 
 template <class Traits>
@@ -97,29 +100,21 @@ __global__ void __launch_bounds__(Traits::NumMmaThreads)
 
   float4 const* slice = reinterpret_cast<float4 const*>(p.dq_accum + (bh * p.num_m_blocks + m) * (kBlockM * kHeadDim) +
                                                         wg * Traits::kdQSliceFloats);
-  float vals[kValues];
+  Tensor vals = make_tensor<float>(Int<kValues>{});
   CUTLASS_PRAGMA_UNROLL
   for (int j = 0; j < kValues / 4; ++j) {
     float4 const v = slice[j * 128 + wg_tidx];
-    vals[4 * j] = v.x; vals[4 * j + 1] = v.y; vals[4 * j + 2] = v.z; vals[4 * j + 3] = v.w;
+    vals(4 * j) = v.x;
+    vals(4 * j + 1) = v.y;
+    vals(4 * j + 2) = v.z;
+    vals(4 * j + 3) = v.w;
   }
   typename Traits::TiledMmadQ tiled_mma_dQ;
   Tensor tdQcdQ = tiled_mma_dQ.get_thread_slice(tid).partition_C(
       make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
   static_assert(decltype(size(tdQcdQ))::value == kValues);
   Element* dq = static_cast<Element*>(p.dq) + b * p.dq_strides.batch + h * p.dq_strides.head;
-  // Values 2i, 2i+1 are adjacent columns of one row (WGMMA accumulator layout).
-  CUTLASS_PRAGMA_UNROLL
-  for (int i = 0; i < kValues; i += 2) {
-    int const row = m * kBlockM + get<0>(tdQcdQ(i));
-    int const col = get<1>(tdQcdQ(i));
-    if (row < p.seqlen_q) {
-      cutlass::Array<Element, 2> out;
-      out[0] = Element(vals[i] * p.softmax_scale);
-      out[1] = Element(vals[i + 1] * p.softmax_scale);
-      *reinterpret_cast<cutlass::Array<Element, 2>*>(dq + int64_t(row) * p.dq_strides.row + col) = out;
-    }
-  }
+  store_acc_rows_16B(vals, tdQcdQ, p.softmax_scale, dq, p.dq_strides.row, m * kBlockM, p.seqlen_q);
 }
 
 }  // namespace dash

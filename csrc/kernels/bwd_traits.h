@@ -131,12 +131,17 @@ struct BwdTraits {
     alignas(128) float smem_dq[kBlockM * kHeadDim];
     alignas(128) float smem_lse[kStagesQ * kBlockM];
     alignas(128) float smem_dpsum[kStagesdO * kBlockM];
-    alignas(8) uint64_t bar_kv_full;
-    uint64_t bar_kv_empty;
+    alignas(8) uint64_t bar_k_full;
+    uint64_t bar_v_full;
+    uint64_t bar_k_empty;
+    uint64_t bar_v_empty;
     uint64_t bar_q_full[kStagesQ];
     uint64_t bar_q_empty[kStagesQ];
     uint64_t bar_do_full[kStagesdO];
     uint64_t bar_do_empty[kStagesdO];
+    uint64_t bar_work_full[2];   // producer -> MMA warpgroups + dQ writer: next column
+    uint64_t bar_work_empty[2];
+    int work_item[2];
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= 227 * 1024, "shared storage exceeds the sm_90 per-block limit");
@@ -151,6 +156,7 @@ struct BwdTraits {
     int64_t stats_bh_stride;  // = seqlen_q_rounded
     float* dq_accum;
     int* dq_semaphore;
+    int* work_counter;  // items claimed beyond each CTA's first; zeroed by the preprocess kernel
     Element* dk;
     Element* dv;
     BSHDStrides dk_strides, dv_strides;

@@ -73,32 +73,32 @@ enum class ScheduleKind : int {
   kFa3 = 0,  // FA3's order; see Fa3Schedule.
 };
 
-// FA3's schedule on a persistent grid of num_ctas CTAs.
+// FA3's schedule on a persistent grid.
 //
-// Work items are columns with linear id L = k + N*(h + H*b). Item L is column
-// n = k (ascending), or n = N-1-k when shortest_first (FA3's "SPT" order for causal
-// deterministic, which matches its descending dQ turns). CTA x runs items x, x+P, x+2P,
-// ... in that order. Each column visits its Q tiles in ascending order.
+// Work items are columns with linear id L = k + N*(h + H*b), claimed in increasing L:
+// CTA x starts with item x, then each CTA claims the next unclaimed item (an atomic
+// counter) whenever its producer is ready for more work. That greedy claiming is what
+// the hardware block dispatcher does for FA3's one-CTA-per-column grid; a static
+// round-robin instead correlates column lengths with CTAs (e.g. N = 128, 132 CTAs) and
+// unbalances causal problems. Item L is column n = k (ascending), or n = N-1-k when
+// shortest_first (FA3's "SPT" order for causal deterministic, which matches its
+// descending dQ turns). Each column visits its Q tiles in ascending order.
 //
 // Turns: full mask, turn(m, n) = n (ascending column order). Causal,
-// turn(m, n) = n_end(m) - 1 - n (descending). Every wait points to a column with a
-// smaller linear id, which an earlier (or the same-position) CTA slot runs first, so the
-// smallest unfinished item never waits: deadlock-free for any num_ctas.
+// turn(m, n) = n_end(m) - 1 - n (descending). The accumulation order depends on (m, n)
+// only, not on which CTA runs a column, so the bits are independent of the grid size.
+// Every wait points to a column with a smaller L; items are claimed in increasing L, so
+// the smallest unfinished item is held by a running CTA and never waits: deadlock-free for
+// any number of CTAs.
 struct Fa3Schedule {
   TileGeometry geo;
   int num_heads = 0, num_batch = 0;
-  int num_ctas = 1;
   bool shortest_first = false;
   bool descending_turns = false;  // causal: turn = n_end(m) - 1 - n
 
   DASH_HOST_DEVICE int num_columns() const { return geo.num_n_blocks() * num_heads * num_batch; }
-  DASH_HOST_DEVICE int num_items(int cta) const {
-    int const total = num_columns();
-    return cta < total ? (total - cta + num_ctas - 1) / num_ctas : 0;
-  }
-  DASH_HOST_DEVICE ColumnCoord item(int cta, int k) const {
+  DASH_HOST_DEVICE ColumnCoord column(int L) const {
     int const N = geo.num_n_blocks();
-    int const L = cta + k * num_ctas;
     int const k_in_head = L % N;
     int const hb = L / N;
     ColumnCoord c;
@@ -117,13 +117,11 @@ struct Fa3Schedule {
 // FA3's deterministic order for a problem: shortest-first columns and descending turns
 // under a causal mask, ascending otherwise. Non-deterministic runs use the same
 // assignment without shortest-first (longest columns first balances the tail better).
-DASH_HOST_DEVICE Fa3Schedule make_fa3_schedule(TileGeometry geo, int num_heads, int num_batch, int num_ctas,
-                                               bool deterministic) {
+DASH_HOST_DEVICE Fa3Schedule make_fa3_schedule(TileGeometry geo, int num_heads, int num_batch, bool deterministic) {
   Fa3Schedule s;
   s.geo = geo;
   s.num_heads = num_heads;
   s.num_batch = num_batch;
-  s.num_ctas = num_ctas;
   s.shortest_first = geo.causal && deterministic;
   s.descending_turns = geo.causal;
   return s;

@@ -1,0 +1,98 @@
+"""Attention-backward throughput on the paper grid (anchors.md), every mode in one process.
+
+    python benchmarks/bench_bwd.py                      # 24 rows: hdim 64/128 x full/causal x 512..16k
+    python benchmarks/bench_bwd.py --hdim 128 --causal  # a subset
+    python benchmarks/bench_bwd.py --plot out.png       # also draw the table
+
+Modes: DASH non-deterministic, DASH deterministic (fa3 order), torch cuDNN SDPA backward,
+torch flash SDPA backward, and upstream FA3 when `flash_attn_interface` is importable.
+Prints TFLOP/s and the ratio to torch cuDNN (measured in the same run), and writes
+benchmarks/results/<date>-<gpu>-bwd.json with every number.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from dash import bench  # noqa: E402
+
+
+def plot(payload: dict, modes: list[str], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = payload["rows"]
+    fig, axes = plt.subplots(2, 2, figsize=(13, 8), sharey=True)
+    for ax, (hd, causal) in zip(axes.flat, [(64, False), (64, True), (128, False), (128, True)]):
+        sel = [r for r in rows if r["shape"]["head_dim"] == hd and r["shape"]["causal"] == causal]
+        xs = [str(r["shape"]["seqlen"]) for r in sel]
+        width = 0.8 / max(len(modes), 1)
+        for i, m in enumerate(modes):
+            ys = [r["tflops"].get(m, 0.0) for r in sel]
+            ax.bar([j + i * width for j in range(len(xs))], ys, width, label=m)
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(xs))], xs)
+        ax.set_title(f"hdim {hd}, {'causal' if causal else 'full'}")
+        ax.set_xlabel("seqlen (16k tokens)")
+        ax.set_ylabel("backward TFLOP/s")
+    axes.flat[0].legend(fontsize=8)
+    env = payload["environment"]
+    fig.suptitle(f"{env['device']} - commit {str(env['commit'])[:10]} - {env['date'][:10]}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--hdim", type=int, nargs="*", default=[64, 128])
+    p.add_argument("--causal", action="store_true", help="only causal rows")
+    p.add_argument("--full", action="store_true", help="only full-mask rows")
+    p.add_argument("--seqlen", type=int, nargs="*", default=list(bench.PAPER_SEQLENS))
+    p.add_argument("--modes", nargs="*", default=None, help="subset of modes (default: all available)")
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--out-dir", type=Path, default=ROOT / "benchmarks" / "results")
+    p.add_argument("--tag", default="bwd")
+    p.add_argument("--plot", type=Path, default=None, help="write the table as a PNG chart")
+    args = p.parse_args(argv)
+
+    masks = [True] if args.causal else [False] if args.full else [False, True]
+    shapes = [bench.Shape.paper(s, hd, c) for hd in args.hdim for c in masks for s in args.seqlen]
+    modes = args.modes or list(bench.available_modes())
+    import torch
+
+    print(f"{torch.cuda.get_device_name(0)}; median of {args.iters} calls after {args.warmup} warm-ups, bf16")
+    print(bench.format_header(modes))
+    rows = bench.run_rows(shapes, modes, warmup=args.warmup, iters=args.iters)
+    payload = bench.results_payload(rows, modes, {"iters": args.iters, "warmup": args.warmup, "argv": sys.argv[1:]})
+    print("\nGeometric means over rows (ratio to torch_cudnn, same run):")
+    for m, s in payload["summary"].items():
+        print(f"  {m:>14}: geomean {s['geomean_vs_torch_cudnn']:.3f}, worst {s['min_vs_torch_cudnn']:.3f} "
+              f"({s['rows']} rows)")
+    if "dash_nondet" in modes and "dash_fa3_det" in modes:
+        r = [row.ms["dash_nondet"] / row.ms["dash_fa3_det"] for row in rows
+             if "dash_nondet" in row.ms and "dash_fa3_det" in row.ms]
+        if r:
+            print(f"  dash det / dash non-det: geomean {bench.geomean(r):.3f}, worst {min(r):.3f}")
+    for row in rows:
+        for m, err in row.errors.items():
+            print(f"  error {row.shape.label()} {m}: {err}")
+        for m, ok in row.bitwise.items():
+            if not ok:
+                print(f"  NOT BITWISE REPEATABLE: {row.shape.label()} {m}")
+    path = bench.write_results(payload, args.out_dir, args.tag)
+    print(f"\nwrote {path}")
+    if args.plot:
+        plot(payload, modes, args.plot)
+        print(f"wrote {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,183 @@
+"""Compile every kernel translation unit for sm_90a and check its resources.
+
+    python tools/check_kernels.py            # all TUs under csrc/instantiations
+    python tools/check_kernels.py --sass     # also check the SASS (needs cuobjdump)
+
+For each kernel prints registers, spill bytes and stack frame (from ptxas -v), and exits
+non-zero if any shipped kernel spills or uses a stack frame. With --sass it also checks
+that the main kernel issues HGMMA and TMA loads (UTMALDG) and has no local-memory
+traffic (LDL/STL). Needs nvcc (CUDA 12.3+) and the CUTLASS headers (nvidia-cutlass, or
+DASH_CUTLASS_DIR); no GPU and no torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from dash import config as dash_config  # noqa: E402
+
+FUNC_RE = re.compile(r"Compiling entry function '(\S+)' for 'sm_90a'")
+PROPS_RE = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+REGS_RE = re.compile(r"Used (\d+) registers")
+
+
+def find_nvcc() -> str:
+    for cand in (os.environ.get("CUDA_HOME", "") + "/bin/nvcc", shutil.which("nvcc") or "", "/usr/local/cuda/bin/nvcc"):
+        if cand and Path(cand).exists():
+            return cand
+    raise SystemExit("check_kernels: nvcc not found (set CUDA_HOME)")
+
+
+def find_cutlass() -> Path:
+    override = os.environ.get("DASH_CUTLASS_DIR")
+    if override:
+        return Path(override) / "include"
+    try:
+        import cutlass_library
+    except ImportError:
+        raise SystemExit("check_kernels: CUTLASS headers not found (pip install nvidia-cutlass==4.2.0.0 "
+                         "or set DASH_CUTLASS_DIR)")
+    return Path(cutlass_library.source_path) / "include"
+
+
+def demangle(names: list[str]) -> dict[str, str]:
+    cxxfilt = shutil.which("c++filt")
+    if not cxxfilt or not names:
+        return {n: n for n in names}
+    out = subprocess.run([cxxfilt], input="\n".join(names), capture_output=True, text=True).stdout.splitlines()
+    return dict(zip(names, out)) if len(out) == len(names) else {n: n for n in names}
+
+
+def short_name(demangled: str) -> str:
+    """'void dash::bwd_main_kernel<dash::BwdTraits<128, true, cutlass::bfloat16_t>>(...)' -> readable."""
+    m = re.search(r"dash::(\w+)<dash::BwdTraits<(\d+), (true|false), cutlass::(\w+)>", demangled)
+    if not m:
+        return demangled[:100]
+    kernel, hdim, causal, dtype = m.groups()
+    return f"{kernel} hdim{hdim} {'causal' if causal == 'true' else 'full'} {dtype}"
+
+
+def compile_tu(nvcc: str, cutlass: Path, tu: Path, outdir: Path) -> tuple[Path, str, Path]:
+    obj = outdir / (tu.stem + ".o")
+    cmd = [
+        nvcc, "-std=c++17", "-O3", "-gencode", "arch=compute_90a,code=sm_90a", "--expt-relaxed-constexpr",
+        "-DNDEBUG", "-Xptxas", "-v", "-I", str(ROOT / "csrc"), "-I", str(cutlass), "-c", str(tu), "-o", str(obj),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{tu.name} failed to compile:\n{proc.stderr[-4000:]}")
+    return tu, proc.stderr, obj
+
+
+def parse_ptxas(log: str) -> list[dict]:
+    kernels = []
+    current = None
+    for line in log.splitlines():
+        m = FUNC_RE.search(line)
+        if m:
+            current = {"mangled": m.group(1)}
+            kernels.append(current)
+            continue
+        if current is None:
+            continue
+        m = PROPS_RE.search(line)
+        if m:
+            current["stack"], current["spill_stores"], current["spill_loads"] = map(int, m.groups())
+        m = REGS_RE.search(line)
+        if m:
+            current["registers"] = int(m.group(1))
+    return kernels
+
+
+def find_cuobjdump() -> str | None:
+    found = shutil.which("cuobjdump")
+    if found:
+        return found
+    try:
+        import nvidia
+
+        for base in nvidia.__path__:
+            for cand in Path(base).glob("**/bin/cuobjdump"):
+                return str(cand)
+    except ImportError:
+        pass
+    cand = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin" / "cuobjdump"
+    return str(cand) if cand.exists() else None
+
+
+def sass_by_function(cuobjdump: str, obj: Path) -> dict[str, str]:
+    text = subprocess.run([cuobjdump, "--dump-sass", str(obj)], capture_output=True, text=True).stdout
+    parts = re.split(r"\n\s*Function : (\S+)\n", text)
+    return {parts[i]: parts[i + 1] for i in range(1, len(parts) - 1, 2)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sass", action="store_true", help="also check HGMMA/UTMALDG present and no LDL/STL")
+    p.add_argument("--jobs", type=int, default=min(os.cpu_count() or 1, 4))
+    p.add_argument("tus", nargs="*", type=Path, help="translation units (default: csrc/instantiations/*.cu)")
+    args = p.parse_args(argv)
+
+    nvcc, cutlass = find_nvcc(), find_cutlass()
+    dash_config.write_if_changed(str(ROOT / "csrc" / "generated" / "bwd_config.h"), dash_config.render_cpp_header())
+    tus = args.tus or sorted((ROOT / "csrc" / "instantiations").glob("*.cu"))
+    cuobjdump = find_cuobjdump() if args.sass else None
+    if args.sass and cuobjdump is None:
+        print("check_kernels: --sass requested but cuobjdump not found (pip install nvidia-cuda-cuobjdump)")
+        return 2
+
+    failures = []
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp, cf.ThreadPoolExecutor(args.jobs) as pool:
+        futures = [pool.submit(compile_tu, nvcc, cutlass, tu, Path(tmp)) for tu in tus]
+        results = []
+        for fut in cf.as_completed(futures):
+            try:
+                results.append(fut.result())
+            except RuntimeError as e:
+                failures.append(str(e))
+        for tu, log, obj in sorted(results):
+            kernels = parse_ptxas(log)
+            names = demangle([k["mangled"] for k in kernels])
+            sass = sass_by_function(cuobjdump, obj) if cuobjdump else {}
+            for k in kernels:
+                name = short_name(names[k["mangled"]])
+                spills = k.get("spill_stores", 0) + k.get("spill_loads", 0)
+                note = []
+                if spills or k.get("stack", 0):
+                    failures.append(f"{tu.name}: {name} spills {spills} B, stack {k.get('stack', 0)} B")
+                    note.append("SPILLS")
+                if cuobjdump and "bwd_main_kernel" in name:
+                    code = sass.get(k["mangled"], "")
+                    hgmma, utma = code.count("HGMMA"), code.count("UTMALDG")
+                    local = len(re.findall(r"\b(LDL|STL)\b", code))
+                    note.append(f"HGMMA {hgmma}, UTMALDG {utma}, LDL/STL {local}")
+                    if hgmma == 0 or utma == 0 or local:
+                        failures.append(f"{tu.name}: {name} SASS: HGMMA {hgmma}, UTMALDG {utma}, LDL/STL {local}")
+                rows.append((tu.name, name, k.get("registers", -1), spills, k.get("stack", 0), "; ".join(note)))
+
+    print(f"{'translation unit':<24} {'kernel':<44} {'regs':>5} {'spill B':>8} {'stack B':>8}  notes")
+    for row in rows:
+        print(f"{row[0]:<24} {row[1]:<44} {row[2]:>5} {row[3]:>8} {row[4]:>8}  {row[5]}")
+    if failures:
+        print("\nFAILED:")
+        for f in failures:
+            print("  " + f)
+        return 1
+    print(f"\n{len(rows)} kernels in {len(tus)} translation units: no spills, no stack frames.")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

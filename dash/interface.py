@@ -24,9 +24,10 @@ from torch import Tensor
 
 from dash import _ext
 from dash.config import SUPPORTED_HEAD_DIMS
+from dash.schedules.orders import SCHEDULE_NAMES as MODEL_SCHEDULE_NAMES
 
 #: Every schedule name the API knows (the scheduling model's names plus "auto").
-SCHEDULE_NAMES: tuple[str, ...] = ("auto", "fa3", "descending", "shift", "symmetric_shift", "portable")
+SCHEDULE_NAMES: tuple[str, ...] = ("auto",) + MODEL_SCHEDULE_NAMES
 #: Schedules the CUDA kernel implements today.
 KERNEL_SCHEDULES: tuple[str, ...] = ("fa3",)
 _DTYPES = (torch.bfloat16, torch.float16)

@@ -36,7 +36,8 @@ def test_block_sizes_come_from_the_config_table():
     assert Problem(1, 1, 64, 64, head_dim=128, window=(32, 32)).tile_shape == (cfg.block_m, cfg.block_n)
     assert Problem(1, 1, 64, 64, head_dim=128, block_m=80).tile_shape == (80, bwd_tile_config(128, False).block_n)
     with pytest.raises(NotImplementedError, match="head_dim=96"):
-        Problem(1, 1, 64, 64, head_dim=96).tile_shape
+        Problem(1, 1, 64, 64, head_dim=96)
+    assert Problem(1, 1, 64, 64, head_dim=96, block_m=64, block_n=96).tile_shape == (64, 96)
 
 
 def test_paper_convention():

@@ -1,0 +1,30 @@
+"""DASH's scheduling model: the specification of every backward schedule, and ``auto``'s brain.
+
+Pure Python/NumPy, CPU only. The pieces:
+
+* ``tiling`` — ``Problem`` (a shape) -> ``Tiling`` (columns, their Q-tile ranges, contributors);
+* ``orders`` — the schedules (``fa3``, ``descending``, ``shift``, ``symmetric_shift``,
+  ``portable``) -> ``Plan`` (column -> CTA, visit orders, ``turn(m, n)``) in array form;
+* ``simulate`` — discrete-event model with costs ``Costs`` -> ``SimResult``;
+* ``checks`` — ``validate(plan)``: coverage, turn permutations, deadlock freedom, timing;
+* ``dag`` — explicit DAGs and the paper's Lemma 1;
+* ``auto`` — ``rank_schedules`` / ``choose_schedule`` / ``portability_cost``;
+* ``calibrate`` — ``fit_costs`` from measured kernel times;
+* ``gantt`` — Gantt charts (matplotlib); ``cli`` — ``python -m dash simulate``.
+
+See docs/scheduling-model.md.
+"""
+
+from dash.schedules.auto import choose_schedule, portability_cost, rank_schedules
+from dash.schedules.calibrate import Calibration, Measurement, fit_costs, load_costs, save_costs
+from dash.schedules.checks import ValidationReport, validate
+from dash.schedules.orders import SCHEDULE_NAMES, Plan, expand_visits, make_plan
+from dash.schedules.simulate import Costs, SimResult, simulate
+from dash.schedules.tiling import Problem, Tiling, paper_problem, tile_problem
+
+__all__ = [
+    "SCHEDULE_NAMES", "Calibration", "Costs", "Measurement", "Plan", "Problem", "SimResult", "Tiling",
+    "ValidationReport", "choose_schedule", "expand_visits", "fit_costs", "load_costs", "make_plan",
+    "paper_problem", "portability_cost", "rank_schedules", "save_costs", "simulate", "tile_problem",
+    "validate",
+]

@@ -1,0 +1,193 @@
+"""Schedules: the exact orders the kernel implements (FA3's, the paper's worked tables, portable)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dash.schedules import Problem, make_plan, simulate, validate
+from dash.schedules.orders import SCHEDULE_NAMES, default_portable_group, expand_visits
+from dash.schedules.tiling import causal_n_max, tile_problem
+
+
+def _table(plan):
+    """{cta: [(n, m, turn), ...]} in execution order (single batch and head)."""
+    out = {}
+    for x in range(plan.ctas):
+        rows = []
+        for b, h, n in plan.work_list(x):
+            for m in plan.visit(b, h, n):
+                rows.append((n, int(m), int(plan.turn[b, h, m, n])))
+        out[x] = rows
+    return out
+
+
+def _full(N, M, bm=128, bn=128):
+    return Problem(1, 1, M * bm, N * bn, block_m=bm, block_n=bn)
+
+
+def test_paper_table_a_shift_full_4x4():
+    t = _table(make_plan(_full(4, 4), "shift", 4))
+    for a in range(4):
+        assert [(n, m) for n, m, _ in t[a]] == [(a, (a + s) % 4) for s in range(4)]
+        assert [turn for *_, turn in t[a]] == [0, 1, 2, 3]
+
+
+def test_paper_table_b_shift_full_n4_m8():
+    t = _table(make_plan(_full(4, 8), "shift", 4))
+    assert [m for _, m, _ in t[3]] == [3, 4, 5, 6, 7, 0, 1, 2]
+    assert [turn for *_, turn in t[0]] == [0, 1, 2, 3, 3, 3, 3, 3]
+    assert [turn for *_, turn in t[1]] == [0, 1, 2, 2, 2, 2, 2, 3]
+    assert [turn for *_, turn in t[2]] == [0, 1, 1, 1, 1, 1, 2, 3]
+    assert [turn for *_, turn in t[3]] == [0, 0, 0, 0, 0, 1, 2, 3]
+
+
+def test_paper_two_waves_add_f_to_every_turn():
+    plan = make_plan(_full(8, 8), "shift", 4)
+    t = _table(plan)
+    for x in range(4):
+        first, second = t[x][:8], t[x][8:]
+        assert [n for n, *_ in second] == [x + 4] * 8
+        assert [m for _, m, _ in second] == [m for _, m, _ in first]
+        assert [tt for *_, tt in second] == [tt + 4 for *_, tt in first]
+    assert simulate(plan).makespan == pytest.approx(16 + 0.3)
+
+
+def test_paper_table_c_symmetric_shift_causal_s1():
+    plan = make_plan(Problem(1, 1, 8 * 128, 8 * 128, causal=True, block_m=128, block_n=128), "symmetric_shift", 4)
+    t = _table(plan)
+    assert t[0] == [(0, 3, 0), (0, 4, 1), (0, 5, 2), (0, 6, 3), (0, 7, 3), (0, 0, 0), (0, 1, 1), (0, 2, 2), (7, 7, 7)]
+    assert t[1] == [(1, 4, 0), (1, 5, 1), (1, 6, 2), (1, 7, 2), (1, 3, 3), (1, 1, 0), (1, 2, 1), (6, 7, 6), (6, 6, 6)]
+    assert t[2] == [(2, 5, 0), (2, 6, 1), (2, 7, 1), (2, 3, 2), (2, 4, 3), (2, 2, 0), (5, 7, 5), (5, 6, 5), (5, 5, 5)]
+    assert t[3] == [(3, 6, 0), (3, 7, 0), (3, 3, 1), (3, 4, 2), (3, 5, 3), (4, 7, 4), (4, 6, 4), (4, 5, 4), (4, 4, 4)]
+    res = simulate(plan)
+    assert res.total_wait == 0 and res.makespan == pytest.approx(9 + 0.3)
+
+
+def test_paper_table_d_symmetric_shift_causal_s2():
+    plan = make_plan(Problem(1, 1, 8 * 64, 4 * 128, causal=True, block_m=64, block_n=128), "symmetric_shift", 2)
+    t = _table(plan)
+    assert t[0] == [(0, 2, 0), (0, 3, 1), (0, 4, 1), (0, 5, 1), (0, 6, 1), (0, 7, 1), (0, 0, 0), (0, 1, 0),
+                    (3, 7, 3), (3, 6, 3)]
+    assert t[1] == [(1, 3, 0), (1, 4, 0), (1, 5, 0), (1, 6, 0), (1, 7, 0), (1, 2, 1), (2, 7, 2), (2, 6, 2),
+                    (2, 5, 2), (2, 4, 2)]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 3), st.integers(1, 3), st.integers(1, 700), st.integers(1, 700), st.booleans(),
+       st.integers(1, 40))
+def test_fa3_is_exactly_fa3s_order(B, H, sq, sk, causal, P):
+    """Items claimed in increasing L (CTA x starts with item x); causal reversed per head;
+    ascending visits; FA3's turns."""
+    p = Problem(B, H, sq, sk, causal=causal, block_m=64, block_n=128)
+    plan = make_plan(p, "fa3", P)
+    t = tile_problem(p)
+    N = t.nmax
+    want_order = []
+    for L in range(B * H * N):
+        k, h, b = L % N, (L // N) % H, L // (N * H)
+        want_order.append((b, h, N - 1 - k if causal else k))
+    rank = {c: i for i, c in enumerate(want_order)}
+    for x in range(P):
+        work = plan.work_list(x)
+        if x < len(want_order):
+            assert work[0] == want_order[x]  # CTA x starts with item x
+        assert [rank[c] for c in work] == sorted(rank[c] for c in work)  # claimed in increasing L
+    assert sorted(c for x in range(P) for c in plan.work_list(x)) == sorted(want_order)
+    for b, h, n in plan.cols:
+        assert list(plan.visit(b, h, n)) == list(range(t.col_lo[b, n], t.col_hi[b, n]))
+    contrib = t.contributes()[0]
+    m, n = np.nonzero(contrib)
+    turn = plan.turn[0, 0, m, n]
+    if causal:
+        assert np.array_equal(turn, causal_n_max(m, sq, sk, 64, 128) - 1 - n)
+    else:
+        assert np.array_equal(turn, n)
+    assert plan.portable
+
+
+def test_descending_visits_q_tiles_from_the_last():
+    plan = make_plan(_full(4, 6), "descending", 4)
+    for x in range(4):
+        assert list(plan.visit(0, 0, x)) == [5, 4, 3, 2, 1, 0]
+        assert plan.turn[0, 0, 0, x] == x
+    causal = make_plan(Problem(1, 1, 8 * 128, 8 * 128, causal=True, block_m=128, block_n=128), "descending", 4)
+    # The paper's chunks: pairs (i, N-1-i) on one CTA, both descending; in one wave the
+    # accumulation order is the paper's naive one, ascending n.
+    assert causal.work_list(1) == [(0, 0, 1), (0, 0, 6)]
+    assert list(causal.visit(0, 0, 6)) == [7, 6]
+    t = tile_problem(causal.tiling.problem)
+    m, n = np.nonzero(t.contributes()[0])
+    assert np.array_equal(causal.turn[0, 0, m, n], n)
+
+
+def test_visit_descriptors_reproduce_the_visits():
+    for name in SCHEDULE_NAMES:
+        plan = make_plan(Problem(2, 3, 1000, 700, causal=True, block_m=64, block_n=128), name, 7)
+        ptr, vm = expand_visits(plan.visit_desc.astype(np.int64))
+        assert np.array_equal(ptr, plan.visit_ptr) and np.array_equal(vm, plan.visit_m)
+    arrays = plan.to_arrays()
+    assert set(arrays) == {"cta_ptr", "cols", "visit_ptr", "visit_m", "visit_desc", "turn"}
+    assert arrays["turn"].dtype == np.int32
+
+
+def test_plans_do_not_depend_on_anything_but_shape_and_ctas():
+    p = Problem(2, 2, 900, 900, causal=True, block_m=64, block_n=128)
+    for name in SCHEDULE_NAMES:
+        a, b = make_plan(p, name, 5), make_plan(p, name, 5)
+        for k, v in a.to_arrays().items():
+            assert np.array_equal(v, b.to_arrays()[k]), (name, k)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_portable_turns_are_identical_on_every_grid(causal):
+    """The portable order gives the same accumulation order on 132, 114 and 78 SMs and with a margin."""
+    p = Problem(2, 4, 2048, 2048, causal=causal, head_dim=128)
+    ref = make_plan(p, "portable", 132)
+    for P in (ref.min_ctas, ref.min_ctas + 1, 78, 114, 124, 131):
+        plan = make_plan(p, "portable", P)
+        assert np.array_equal(plan.turn, ref.turn), P
+        assert validate(plan, timing_trials=1).ok
+    assert ref.min_ctas > 1
+    with pytest.raises(ValueError, match="needs at least"):
+        make_plan(p, "portable", ref.min_ctas - 1)
+
+
+def test_non_portable_schedules_change_their_order_with_the_grid():
+    p = Problem(1, 2, 16 * 128, 16 * 128, block_m=128, block_n=128)
+    assert not np.array_equal(make_plan(p, "shift", 132).turn, make_plan(p, "shift", 12).turn)
+    assert not make_plan(p, "shift", 12).portable
+    for P in (12, 7, 1):
+        assert np.array_equal(make_plan(p, "fa3", 132).turn, make_plan(p, "fa3", P).turn)
+
+
+def test_launching_a_planned_order_on_fewer_ctas_can_deadlock():
+    """Why a non-portable order must be planned for the grid it runs on (the fork's sm_margin hang)."""
+    p = _full(8, 8)
+    assert simulate(make_plan(p, "shift", 8)).deadlock_free
+    wrong = make_plan(p, "shift", 8, launch_ctas=4)
+    res = simulate(wrong)
+    assert not res.deadlock_free and res.blocked
+    assert not validate(wrong).ok
+    # Planned for the grid it runs on, it is fine; so is a portable order on any grid >= its team.
+    assert simulate(make_plan(p, "shift", 4)).deadlock_free
+    q = Problem(1, 1, 16 * 128, 8 * 128, causal=True, block_m=128, block_n=128)
+    assert not simulate(make_plan(q, "symmetric_shift", 4, launch_ctas=3)).deadlock_free
+    port = make_plan(q, "portable", 4)
+    assert simulate(make_plan(q, "portable", 4, launch_ctas=port.min_ctas)).deadlock_free
+
+
+def test_default_portable_group_is_a_function_of_the_shape_only():
+    t = tile_problem(Problem(2, 16, 8192, 8192, causal=True, head_dim=128))
+    g = default_portable_group(t, "pair")
+    assert 132 // g <= 2 * 16  # concurrent groups come from distinct heads on the reference grid
+    assert make_plan(t, "portable", 100).recipe.group == g == make_plan(t, "portable", 132).recipe.group
+
+
+def test_unknown_schedule_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown schedule 'zigzag'"):
+        make_plan(_full(2, 2), "zigzag", 4)
+    with pytest.raises(ValueError, match="ctas=0"):
+        make_plan(_full(2, 2), "fa3", 0)

@@ -46,12 +46,23 @@ def _load() -> tuple[bool, str | None]:
 
         from dash import _C  # noqa: F401  (registers torch.ops.dash.*)
     except ImportError as e:
+        import sys
+
+        built_for = str(info.get("python") or "")
+        running = f"{sys.version_info.major}.{sys.version_info.minor}"
+        if built_for and ".".join(built_for.split(".")[:2]) != running:
+            return False, f"the kernels were built for Python {built_for}, this is Python {running} (rebuild here)"
         return False, f"the compiled extension dash._C failed to import: {e}"
     return True, None
 
 
 def kernels_available() -> bool:
     return _load()[0]
+
+
+def kernels_status() -> tuple[bool, str | None]:
+    """(usable, reason when not)."""
+    return _load()
 
 
 def require_kernels() -> None:

@@ -28,11 +28,11 @@ def gpu_info() -> dict:
 
 def run(args: argparse.Namespace) -> int:
     from dash import __version__
-    from dash._ext import kernels_available, manifest
+    from dash._ext import kernels_status, manifest
 
     info = dict(manifest())
     gpu = gpu_info()
-    loaded = kernels_available() if info.get("kernels_built") else False
+    loaded, why_not = kernels_status() if info.get("kernels_built") else (False, None)
     if args.json:
         print(json.dumps({"version": __version__, "build": info, "kernels_loaded": loaded, "gpu": gpu}, indent=2))
         return 0
@@ -40,7 +40,8 @@ def run(args: argparse.Namespace) -> int:
     if info.get("kernels_built"):
         print(f"  kernels     : built for {info.get('arch')}, head dims {info.get('head_dims')}, "
               f"dtypes {info.get('dtypes')}")
-        print(f"  loaded      : {'yes' if loaded else 'NO (dash._C failed to import; see python -c \"import dash._C\")'}")
+        status = "yes" if loaded else f"NO ({why_not})"
+        print(f"  loaded      : {status}")
     else:
         print(f"  kernels     : NOT built: {info.get('reason_not_built')}")
     print(f"  built with  : torch {info.get('torch')} (CUDA {info.get('torch_cuda')}), {info.get('nvcc', 'no nvcc')}, "

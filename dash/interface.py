@@ -17,6 +17,7 @@ Ops (registered with ``torch.library`` so ``torch.compile`` traces them):
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Optional, Sequence
 
 import torch
@@ -132,18 +133,17 @@ def validate_inputs(
                 f"{name} has strides {tuple(t.stride())} / data pointer not aligned to 16 bytes, which the TMA "
                 "loads need; call .contiguous()"
             )
-    if softmax_scale is not None and not (isinstance(softmax_scale, (int, float)) and math.isfinite(softmax_scale)
-                                          and softmax_scale > 0):
+    if softmax_scale is not None and (
+        isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real)
+        or not math.isfinite(softmax_scale) or softmax_scale <= 0
+    ):
         raise ValueError(f"softmax_scale={softmax_scale!r} must be None or a finite positive number")
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {causal!r}")
-    if tuple(window_size) != (-1, -1):
-        raise NotImplementedError(
-            f"window_size={tuple(window_size)}: sliding-window attention is not supported yet; use (-1, -1)"
-        )
+    effective_causal(window_size, causal, q.shape[1], k.shape[1])
     if softcap != 0.0:
         raise NotImplementedError(f"softcap={softcap}: softcapping is not supported yet; use 0.0")
-    if not isinstance(sm_margin, int) or isinstance(sm_margin, bool) or sm_margin < 0:
+    if not isinstance(sm_margin, numbers.Integral) or isinstance(sm_margin, bool) or sm_margin < 0:
         raise ValueError(f"sm_margin={sm_margin!r} must be an int >= 0")
     if check_device and sm_margin >= torch.cuda.get_device_properties(q.device).multi_processor_count:
         sms = torch.cuda.get_device_properties(q.device).multi_processor_count
@@ -157,6 +157,29 @@ def validate_inputs(
             f"schedule={schedule!r} is modelled (python -m dash simulate) but not implemented by the kernel yet; "
             f"implemented: {', '.join(KERNEL_SCHEDULES)}"
         )
+
+
+def effective_causal(window_size: Sequence[int], causal: bool, seqlen_q: int, seqlen_k: int) -> bool:
+    """FA3's mask normalisation: a window side at least as long as the sequence is unbounded,
+    causal forces the right side to 0, and (unbounded, 0) *is* causal. Returns whether the
+    mask is causal; raises for a real sliding window (not supported yet)."""
+    if window_size is None or len(tuple(window_size)) != 2 or not all(
+        isinstance(w, numbers.Integral) and not isinstance(w, bool) for w in window_size
+    ):
+        raise TypeError(f"window_size must be a pair of ints (left, right), -1 meaning unbounded; got {window_size!r}")
+    left, right = (int(w) for w in window_size)
+    left = -1 if left < 0 or left >= seqlen_k - 1 else left
+    right = -1 if right < 0 or right >= seqlen_q - 1 else right
+    if causal:
+        right = 0
+    if left < 0 and right < 0:
+        return False
+    if left < 0 and right == 0:
+        return True
+    raise NotImplementedError(
+        f"window_size={tuple(window_size)} (causal={causal}): sliding-window attention is not supported yet; "
+        "use (-1, -1), or causal=True"
+    )
 
 
 def resolve_schedule(schedule: str) -> str:
@@ -350,18 +373,47 @@ def flash_attn_func(
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     det = _resolve_deterministic(deterministic, needs_grad)
     scale = float(softmax_scale) if softmax_scale is not None else q.shape[-1] ** -0.5
-    out, lse = torch.ops.dash.fwd(q, k, v, scale, causal, det, resolve_schedule(schedule), sm_margin)
+    causal = effective_causal(window_size, causal, q.shape[1], k.shape[1])
+    out, lse = torch.ops.dash.fwd(q, k, v, scale, causal, det, resolve_schedule(schedule), int(sm_margin))
     return (out, lse) if return_attn_probs else out
 
 
-def flash_attn_qkvpacked_func(qkv: Tensor, softmax_scale: Optional[float] = None, causal: bool = False, *args,
-                              **kwargs):
-    """FA3's packed variant: qkv (batch, seqlen, 3, heads, head_dim)."""
+def flash_attn_qkvpacked_func(
+    qkv: Tensor,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    q_descale: Optional[Tensor] = None,
+    k_descale: Optional[Tensor] = None,
+    v_descale: Optional[Tensor] = None,
+    window_size: Sequence[int] = (-1, -1),
+    attention_chunk: int = 0,
+    softcap: float = 0.0,
+    deterministic: Optional[bool] = None,
+    num_heads_q: Optional[int] = None,
+    sm_margin: int = 0,
+    return_attn_probs: bool = False,
+    schedule: str = "auto",
+):
+    """FA3's packed variant (same arguments and order as FA3's, ``schedule`` last).
+
+    qkv: (batch, seqlen, 3, heads, head_dim), or (batch, seqlen, heads_q + 2*heads_kv, head_dim)
+    with ``num_heads_q`` given (GQA packing: q heads first, then k, then v)."""
     _check_tensor("qkv", qkv)
-    if qkv.dim() != 5 or qkv.shape[2] != 3:
-        raise ValueError(f"qkv must be (batch, seqlen, 3, heads, head_dim); got {_describe(qkv)}")
-    q, k, v = qkv.unbind(dim=2)
-    return flash_attn_func(q, k, v, softmax_scale, causal, *args, **kwargs)
+    if qkv.dim() == 5 and qkv.shape[2] == 3 and num_heads_q is None:
+        q, k, v = qkv.unbind(dim=2)
+    elif qkv.dim() == 4 and num_heads_q is not None:
+        heads_kv2 = qkv.shape[2] - num_heads_q
+        if num_heads_q <= 0 or heads_kv2 <= 0 or heads_kv2 % 2:
+            raise ValueError(f"qkv has {qkv.shape[2]} heads, which cannot be num_heads_q={num_heads_q} query heads "
+                             "plus equal numbers of key and value heads")
+        q, k, v = qkv.split([num_heads_q, heads_kv2 // 2, heads_kv2 // 2], dim=2)
+    else:
+        raise ValueError(
+            f"qkv must be (batch, seqlen, 3, heads, head_dim), or (batch, seqlen, heads_q + 2*heads_kv, head_dim) "
+            f"with num_heads_q; got {_describe(qkv)} and num_heads_q={num_heads_q}"
+        )
+    return flash_attn_func(q, k, v, softmax_scale, causal, None, q_descale, k_descale, v_descale, window_size,
+                           attention_chunk, softcap, 1, None, deterministic, sm_margin, return_attn_probs, schedule)
 
 
 def flash_attn_varlen_func(*args, **kwargs):

@@ -1,15 +1,15 @@
-"""Shared pytest setup: the repository root on sys.path, GPU skipping, markers."""
+"""Shared pytest setup: GPU skipping and markers.
+
+Tests import the *installed* dash (pytest runs with --import-mode=importlib, see
+pyproject.toml), so GPU tests exercise the compiled extension that was installed. To test
+an uninstalled source tree, set PYTHONPATH to the repository root and build in place
+(python setup.py build_ext --inplace)."""
 
 from __future__ import annotations
 
 import os
-import sys
 
 import pytest
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
 
 
 def sm90_skip_reason() -> str | None:
@@ -28,11 +28,6 @@ def sm90_skip_reason() -> str | None:
     if not kernels_available():
         return f"DASH kernels not available: {manifest().get('reason_not_built') or 'dash._C failed to import'}"
     return None
-
-
-def pytest_configure(config):
-    config.addinivalue_line("markers", "gpu: needs an sm_90 GPU and DASH's compiled kernels")
-    config.addinivalue_line("markers", "slow: long-running (run with -m slow)")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import math
-import sys
 from functools import lru_cache
-from pathlib import Path
 
 import pytest
 import torch
@@ -13,12 +11,8 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-_ROOT = Path(__file__).resolve().parents[1]
-if str(_ROOT) not in sys.path:
-    sys.path.insert(0, str(_ROOT))
-
-import dash.reference as ref  # noqa: E402
-from dash.reference import (  # noqa: E402
+import dash.reference as ref
+from dash.reference import (
     assert_within_bound,
     attention_backward,
     attention_forward,

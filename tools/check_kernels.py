@@ -117,7 +117,12 @@ def find_cuobjdump() -> str | None:
 
 
 def sass_by_function(cuobjdump: str, obj: Path) -> dict[str, str]:
-    text = subprocess.run([cuobjdump, "--dump-sass", str(obj)], capture_output=True, text=True).stdout
+    # cuobjdump runs nvdisasm, which the nvidia-cuda-nvdisasm wheel puts next to it.
+    env = dict(os.environ, PATH=str(Path(cuobjdump).parent) + os.pathsep + os.environ.get("PATH", ""))
+    proc = subprocess.run([cuobjdump, "--dump-sass", str(obj)], capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"cuobjdump failed on {obj.name}: {proc.stderr.strip()[:500]}")
+    text = proc.stdout
     parts = re.split(r"\n\s*Function : (\S+)\n", text)
     return {parts[i]: parts[i + 1] for i in range(1, len(parts) - 1, 2)}
 

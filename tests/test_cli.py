@@ -1,0 +1,368 @@
+"""``python -m dash info | bench | simulate`` run as subprocesses, and the ``dash.config`` table.
+
+The CLI tests run the real entry point (``sys.executable -m dash ...`` with ``PYTHONPATH`` set to
+the repository root). Expectations about the GPU line and ``bench`` follow what this process
+sees: on a machine without an sm_90 GPU, ``info`` reports none and ``bench`` falls back to the
+scheduling model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import dash
+from dash import config as C
+from dash.schedules.orders import SCHEDULE_NAMES
+
+#: Folder holding the dash package under test (the repository root when run with PYTHONPATH set to
+#: it); every subprocess gets it as PYTHONPATH, so it runs the same dash as this process.
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(dash.__file__)))
+
+
+def _env() -> dict:
+    return dict(os.environ, PYTHONPATH=ROOT)
+
+
+def _dash(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dash", *args], cwd=ROOT, env=_env(), capture_output=True,
+                          text=True, timeout=120)
+
+
+def _python(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_env(), capture_output=True, text=True,
+                          timeout=120)
+
+
+def _cuda_visible() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def _sm90_usable() -> bool:
+    """What ``bench`` itself checks: an sm_90 GPU and loadable kernels."""
+    if not _cuda_visible():
+        return False
+    import torch
+
+    from dash._ext import kernels_available
+
+    return torch.cuda.get_device_capability(0) == (9, 0) and kernels_available()
+
+
+# ---------------------------------------------------------------------------------------
+# The package parses on this interpreter (setup.py: python_requires >= 3.10)
+# ---------------------------------------------------------------------------------------
+def test_every_dash_module_compiles_on_this_python():
+    bad = []
+    for path in sorted(Path(dash.__file__).parent.rglob("*.py")):
+        try:
+            compile(path.read_text(), str(path), "exec")
+        except SyntaxError as e:
+            bad.append(f"{path.relative_to(ROOT)}:{e.lineno}: {e.msg}")
+    assert not bad, f"SyntaxError on Python {sys.version.split()[0]}: " + "; ".join(bad)
+
+
+# ---------------------------------------------------------------------------------------
+# info
+# ---------------------------------------------------------------------------------------
+def test_info_text():
+    from dash._ext import kernels_status, manifest
+
+    p = _dash("info")
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[0] == f"DASH {dash.__version__}"
+    kernels = [ln for ln in lines if re.match(r"^\s+kernels\s+: ", ln)]
+    assert len(kernels) == 1
+    info = manifest()
+    if info.get("kernels_built"):
+        assert re.search(r": built for \S+, head dims \[[\d, ]+\], dtypes ", kernels[0]), kernels[0]
+        loaded = [ln for ln in lines if re.match(r"^\s+loaded\s+: ", ln)]
+        assert len(loaded) == 1
+        ok, why_not = kernels_status()
+        assert loaded[0].split(": ", 1)[1] == ("yes" if ok else f"NO ({why_not})")
+    else:
+        m = re.search(r": NOT built: (.+)$", kernels[0])
+        assert m and m.group(1).strip() not in ("", "None"), kernels[0]
+    gpu = [ln for ln in lines if re.match(r"^\s+GPU\s+: ", ln)]
+    assert len(gpu) == 1
+    if not _cuda_visible():
+        m = re.search(r": none \((.+)\)$", gpu[0])
+        assert m and m.group(1).strip(), gpu[0]
+    else:
+        assert "compute capability" in gpu[0]
+
+
+def test_info_json():
+    from dash._ext import kernels_available, manifest
+
+    p = _dash("info", "--json")
+    assert p.returncode == 0, p.stderr
+    data = json.loads(p.stdout)  # stdout is JSON and nothing else
+    assert {"version", "build", "kernels_loaded", "gpu"} <= set(data)
+    assert data["version"] == dash.__version__
+    assert data["build"] == json.loads(json.dumps(manifest()))
+    assert isinstance(data["kernels_loaded"], bool)
+    assert data["kernels_loaded"] == bool(manifest().get("kernels_built") and kernels_available())
+    assert isinstance(data["gpu"]["present"], bool)
+    if not _cuda_visible():
+        assert data["gpu"]["present"] is False
+        assert isinstance(data["gpu"]["reason"], str) and data["gpu"]["reason"]
+    else:
+        assert data["gpu"]["present"] is True
+        assert re.fullmatch(r"\d+\.\d+", data["gpu"]["compute_capability"])
+
+
+def test_info_without_build_manifest():
+    """An install without setup.py's manifest reports "NOT built" with the reason, in both forms."""
+    code = (
+        "import io, json, contextlib\n"
+        "from pathlib import Path\n"
+        "import dash._ext as e\n"
+        "e._MANIFEST_PATH = Path('/nonexistent/dash_manifest.json')\n"
+        "e._MANIFEST = e._read_manifest()\n"
+        "from dash.cli import main\n"
+        "out = {}\n"
+        "for argv in (['info'], ['info', '--json']):\n"
+        "    buf = io.StringIO()\n"
+        "    with contextlib.redirect_stdout(buf):\n"
+        "        rc = main(argv)\n"
+        "    out[' '.join(argv)] = [rc, buf.getvalue()]\n"
+        "print(json.dumps(out))\n"
+    )
+    p = _python(code)
+    assert p.returncode == 0, p.stderr
+    res = json.loads(p.stdout)
+    rc, text = res["info"]
+    assert rc == 0
+    assert re.search(r"kernels\s+: NOT built: no build manifest", text), text
+    rc, js = res["info --json"]
+    data = json.loads(js)
+    assert rc == 0 and data["build"]["kernels_built"] is False and data["kernels_loaded"] is False
+    assert "no build manifest" in data["build"]["reason_not_built"]
+
+
+# ---------------------------------------------------------------------------------------
+# bench (CPU-only fallback: the scheduling model)
+# ---------------------------------------------------------------------------------------
+def _model_table(stdout: str) -> dict[str, list[str]]:
+    lines = stdout.splitlines()
+    header = [i for i, ln in enumerate(lines) if ln.startswith("schedule ") and "makespan" in ln]
+    assert len(header) == 1, stdout
+    rows = {}
+    for ln in lines[header[0] + 1:]:
+        if ln.strip():
+            rows[ln.split()[0]] = ln.split()
+    return rows
+
+
+def test_bench_without_gpu_runs_the_model():
+    if _sm90_usable():
+        pytest.skip("an sm_90 GPU with DASH's kernels is present: bench times the real kernels")
+    p = _dash("bench")
+    assert p.returncode == 0, p.stderr
+    assert "No usable sm_90 GPU here" in p.stdout
+    assert "running the scheduling model" in p.stdout
+    # The defaults (seqlen 4096, hdim 128, causal, 16k tokens, hidden 2048) reach the model.
+    model_line = [ln for ln in p.stdout.splitlines() if ln.startswith("DASH scheduling model:")]
+    assert len(model_line) == 1
+    assert "batch 4 x heads 16" in model_line[0] and "seqlen q 4096" in model_line[0]
+    assert "hdim 128" in model_line[0] and "causal" in model_line[0]
+    assert any(ln.startswith("fa3 ") for ln in p.stdout.splitlines())
+    rows = _model_table(p.stdout)
+    assert list(rows) == list(SCHEDULE_NAMES)
+    for name, cols in rows.items():
+        assert float(cols[1]) > 0 and cols[5] == "yes", (name, cols)
+
+
+def test_bench_without_gpu_forwards_the_shape():
+    if _sm90_usable():
+        pytest.skip("an sm_90 GPU with DASH's kernels is present")
+    p = _dash("bench", "--seqlen", "2048", "--hdim", "64", "--no-causal")
+    assert p.returncode == 0, p.stderr
+    model_line = [ln for ln in p.stdout.splitlines() if ln.startswith("DASH scheduling model:")][0]
+    assert "batch 8 x heads 32" in model_line and "seqlen q 2048" in model_line and "hdim 64" in model_line
+    assert "causal" not in model_line
+    assert set(_model_table(p.stdout)) == set(SCHEDULE_NAMES)
+
+
+# ---------------------------------------------------------------------------------------
+# simulate
+# ---------------------------------------------------------------------------------------
+def test_simulate_json_all_schedules():
+    p = _dash("simulate", "--seqlen", "1024", "--hdim", "64", "--schedule", "all", "--json")
+    assert p.returncode == 0, p.stderr
+    data = json.loads(p.stdout)  # the whole of stdout is one JSON document
+    sch = data["schedules"]
+    assert list(sch) == list(SCHEDULE_NAMES) and len(sch) == 5
+    for name, rec in sch.items():
+        assert rec["deadlock_free"] is True, name
+        assert rec["makespan"] >= rec["lower_bound"] - 1e-9 > 0, name
+    assert "seqlen q 1024" in data["problem"] and "hdim 64" in data["problem"]
+    assert data["ctas"] == 132
+
+
+def test_simulate_does_not_import_torch():
+    code = (
+        "import io, json, sys, contextlib\n"
+        "from dash.cli import main\n"
+        "buf = io.StringIO()\n"
+        "with contextlib.redirect_stdout(buf):\n"
+        "    rc = main(['simulate', '--seqlen', '512', '--hdim', '128', '--causal', '--json'])\n"
+        "print(json.dumps({'rc': rc, 'torch': 'torch' in sys.modules, 'n': len(json.loads(buf.getvalue())['schedules'])}))\n"
+    )
+    p = _python(code)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout) == {"rc": 0, "torch": False, "n": len(SCHEDULE_NAMES)}
+
+
+@pytest.mark.parametrize("hdim", ["80", "256"])
+def test_simulate_bad_hdim(hdim):
+    p = _dash("simulate", "--seqlen", "1024", "--hdim", hdim)
+    assert p.returncode != 0
+    assert "Traceback" not in p.stderr
+    assert f"head_dim={hdim}" in p.stderr and "not supported" in p.stderr and "64, 128" in p.stderr
+    assert p.stdout == ""
+
+
+def test_simulate_unknown_schedule():
+    p = _dash("simulate", "--seqlen", "1024", "--hdim", "64", "--schedule", "bogus")
+    assert p.returncode == 2
+    assert "Traceback" not in p.stderr and "'bogus'" in p.stderr
+    for name in SCHEDULE_NAMES:
+        assert name in p.stderr
+
+
+def test_no_command_is_a_usage_error():
+    p = _dash()
+    assert p.returncode == 2
+    assert "usage:" in p.stderr and "info" in p.stderr and "simulate" in p.stderr
+
+
+# ---------------------------------------------------------------------------------------
+# dash.config
+# ---------------------------------------------------------------------------------------
+def test_supported_head_dims():
+    assert C.SUPPORTED_HEAD_DIMS == (64, 128)
+    assert C.SUPPORTED_DTYPES == ("bfloat16", "float16")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", C.SUPPORTED_HEAD_DIMS)
+def test_bwd_tile_config_supported(head_dim, causal):
+    cfg = C.bwd_tile_config(head_dim, causal)
+    assert cfg in C.BWD_TILE_CONFIGS
+    assert cfg.head_dim == head_dim and cfg.causal is causal
+    assert cfg.block_n == 64 * cfg.mma_warpgroups and cfg.block_m % 64 == 0
+    assert cfg.num_threads == 128 * (cfg.mma_warpgroups + 1)
+    assert cfg.dq_split_rows == (cfg.block_m == 64 * cfg.mma_warpgroups)
+    assert min(cfg.q_stages, cfg.do_stages, cfg.ds_stages) >= 1
+    assert C.bwd_tile_config(head_dim, int(causal)) is cfg  # truthy ints select the same entry
+
+
+@pytest.mark.parametrize("head_dim", [0, 32, 80, 96, 192, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_bwd_tile_config_unsupported(head_dim, causal):
+    with pytest.raises(NotImplementedError) as e:
+        C.bwd_tile_config(head_dim, causal)
+    msg = str(e.value)
+    assert f"head_dim={head_dim}" in msg and "not supported yet" in msg and "64, 128" in msg
+
+
+def test_table_covers_each_supported_pair_once():
+    keys = [(c.head_dim, c.causal) for c in C.BWD_TILE_CONFIGS]
+    assert len(keys) == len(set(keys))
+    assert set(keys) == {(d, c) for d in C.SUPPORTED_HEAD_DIMS for c in (False, True)}
+
+
+def _expected_smem(cfg: C.BwdTileConfig, elem: int = 2) -> int:
+    d, m, n = cfg.head_dim, cfg.block_m, cfg.block_n
+    return (2 * n * d * elem  # K and V
+            + cfg.q_stages * m * d * elem + cfg.do_stages * m * d * elem  # Q, dO stages
+            + cfg.ds_stages * m * n * elem  # dS stages
+            + m * d * 4  # fp32 dQ accumulator tile
+            + (cfg.q_stages + cfg.do_stages) * m * 4)  # LSE and D rows
+
+
+@pytest.mark.parametrize("cfg", C.BWD_TILE_CONFIGS, ids=lambda c: f"d{c.head_dim}-{'causal' if c.causal else 'full'}")
+def test_shared_memory_under_227kb(cfg):
+    assert C.H100_SMEM_LIMIT_BYTES == 227 * 1024
+    assert cfg.smem_bytes() == _expected_smem(cfg)
+    assert cfg.smem_bytes() < 227 * 1024
+    assert cfg.smem_bytes() <= C.H100_SMEM_LIMIT_BYTES - 1024  # room left for the barriers
+
+
+def test_tile_config_invariants_are_enforced():
+    with pytest.raises(ValueError, match="block_n=192 must be 64 \\* mma_warpgroups=2"):
+        C.BwdTileConfig(64, False, 128, 192, 2, 2, 2, 2)
+    with pytest.raises(ValueError, match="block_m=96"):
+        C.BwdTileConfig(64, False, 96, 128, 2, 2, 2, 2)
+    with pytest.raises(ValueError, match="head_dim=96"):
+        C.BwdTileConfig(96, False, 64, 128, 2, 2, 2, 2)
+
+
+def test_check_table_rejects_bad_tables():
+    good = list(C.BWD_TILE_CONFIGS)
+    C._check_table(good)
+    with pytest.raises(ValueError, match="duplicate"):
+        C._check_table(good + [good[0]])
+    with pytest.raises(ValueError, match="no config for head_dim=128 causal=True"):
+        C._check_table([c for c in good if (c.head_dim, c.causal) != (128, True)])
+    huge = C.BwdTileConfig(128, True, 128, 128, 2, 4, 4, 2)
+    assert huge.smem_bytes() > C.H100_SMEM_LIMIT_BYTES
+    with pytest.raises(ValueError, match="shared memory"):
+        C._check_table([c for c in good if (c.head_dim, c.causal) != (128, True)] + [huge])
+
+
+_SPEC = re.compile(r"template <> struct BwdTileConfig<(\d+), (true|false)> \{(.*?)\};", re.S)
+_FIELD = re.compile(r"static constexpr (?:int|bool) (\w+) = (\w+);")
+
+
+def _cpp(v) -> str:
+    return ("true" if v else "false") if isinstance(v, bool) else str(v)
+
+
+def test_render_cpp_header_has_every_config():
+    text = C.render_cpp_header()
+    assert text.startswith("// Generated from dash/config.py") and "#pragma once" in text
+    assert text.count("{") == text.count("}")
+    specs = {(int(d), c == "true"): dict(_FIELD.findall(body)) for d, c, body in _SPEC.findall(text)}
+    assert len(specs) == len(C.BWD_TILE_CONFIGS)
+    for cfg in C.BWD_TILE_CONFIGS:
+        f = specs[(cfg.head_dim, cfg.causal)]
+        assert f == {
+            "kHeadDim": _cpp(cfg.head_dim),
+            "Is_causal": _cpp(cfg.causal),
+            "kBlockM": _cpp(cfg.block_m),
+            "kBlockN": _cpp(cfg.block_n),
+            "NumMmaWarpGroups": _cpp(cfg.mma_warpgroups),
+            "kStagesQ": _cpp(cfg.q_stages),
+            "kStagesdO": _cpp(cfg.do_stages),
+            "kStagesdS": _cpp(cfg.ds_stages),
+            "dQ_split_rows": _cpp(cfg.dq_split_rows),
+        }
+    dims = ", ".join(map(str, C.SUPPORTED_HEAD_DIMS))
+    assert f"inline constexpr int kSupportedHeadDims[] = {{{dims}}};" in text
+    assert f"inline constexpr int kPreprocessThreads = {C.PREPROCESS_THREADS};" in text
+
+
+def test_config_module_writes_the_header(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "dash.config", "--header", "-"], cwd=ROOT, env=_env(),
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == C.render_cpp_header()
+    out = tmp_path / "gen" / "bwd_config.h"
+    assert C.write_if_changed(str(out), p.stdout) is True
+    assert out.read_text() == p.stdout
+    assert C.write_if_changed(str(out), p.stdout) is False
+    assert C.write_if_changed(str(out), p.stdout + "// changed\n") is True

@@ -121,6 +121,7 @@ std::tuple<Tensor, Tensor, Tensor> bwd_cuda(Tensor const& dout, Tensor const& q,
   p.softmax_scale = float(softmax_scale);
   p.causal = causal;
   p.deterministic = deterministic;
+  p.schedule = dash::BwdSchedule::kFa3;  // the only name accepted above
   p.num_ctas_max = int(props->multiProcessorCount - sm_margin);
 
   dash::BwdWorkspaceSizes const ws = dash::bwd_workspace_sizes(p);

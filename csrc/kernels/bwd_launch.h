@@ -19,9 +19,36 @@ inline void check_cuda(cudaError_t err, char const* what) {
   }
 }
 
+template <class Traits, class Schedule>
+void launch_main_kernel(typename Traits::template MainParams<Schedule> const& mp, int num_ctas, cudaStream_t stream) {
+  auto kernel = bwd_main_kernel<Traits, Schedule>;
+  constexpr int smem_bytes = Traits::kSmemBytes;
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes),
+             "cudaFuncSetAttribute(max dynamic shared memory)");
+
+  // Cooperative launch: the driver refuses a grid whose CTAs cannot all be resident at
+  // once, so every CTA a deterministic wait may depend on is guaranteed to be running.
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeCooperative;
+  attr[0].val.cooperative = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(num_ctas, 1, 1);
+  cfg.blockDim = dim3(Traits::NumThreads, 1, 1);
+  cfg.dynamicSmemBytes = smem_bytes;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  check_cuda(cudaLaunchKernelEx(&cfg, kernel, mp), "launch of bwd_main_kernel");
+}
+
 template <int kHeadDim, bool Is_causal, class Element>
 void run_bwd_impl(BwdParams const& p, cudaStream_t stream) {
   using Traits = BwdTraits<kHeadDim, Is_causal, Element>;
+  // Every check before the first launch: an error never leaves a half-run backward.
+  if (p.schedule != BwdSchedule::kFa3) {
+    throw std::invalid_argument("DASH backward: schedule " + std::to_string(int(p.schedule)) +
+                                " is not implemented by the kernel; implemented: fa3");
+  }
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
 
@@ -74,7 +101,8 @@ void run_bwd_impl(BwdParams const& p, cudaStream_t stream) {
   auto const tile_q = Shape<Int<kBlockM>, Int<kHeadDim>>{};
   auto const tile_kv = Shape<Int<kBlockN>, Int<kHeadDim>>{};
 
-  typename Traits::MainParams mp{
+  using Schedule = Fa3Schedule;  // BwdSchedule::kFa3, the only kernel schedule so far (checked above)
+  typename Traits::template MainParams<Schedule> mp{
       make_tma_copy(SM90_TMA_LOAD{}, mQ, smem_q_one_stage, tile_q, _1{}),
       make_tma_copy(SM90_TMA_LOAD{}, mdO, smem_q_one_stage, tile_q, _1{}),
       make_tma_copy(SM90_TMA_LOAD{}, mK, typename Traits::SmemLayoutK{}, tile_kv, _1{}),
@@ -96,31 +124,14 @@ void run_bwd_impl(BwdParams const& p, cudaStream_t stream) {
       p.num_heads,
       p.num_heads / p.num_heads_k,
       p.deterministic,
-      Fa3Schedule{},
+      geo,
+      make_fa3_schedule(geo, p.num_heads, p.batch, p.deterministic),
   };
 
   int const num_columns = geo.num_n_blocks() * p.num_heads * p.batch;
   int const num_ctas = num_columns < p.num_ctas_max ? num_columns : p.num_ctas_max;
-  mp.schedule = make_fa3_schedule(geo, p.num_heads, p.batch, p.deterministic);
 
-  auto kernel = bwd_main_kernel<Traits>;
-  constexpr int smem_bytes = Traits::kSmemBytes;
-  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes),
-             "cudaFuncSetAttribute(max dynamic shared memory)");
-
-  // Cooperative launch: the driver refuses a grid whose CTAs cannot all be resident at
-  // once, so every CTA a deterministic wait may depend on is guaranteed to be running.
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeCooperative;
-  attr[0].val.cooperative = 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(num_ctas, 1, 1);
-  cfg.blockDim = dim3(Traits::NumThreads, 1, 1);
-  cfg.dynamicSmemBytes = smem_bytes;
-  cfg.stream = stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  check_cuda(cudaLaunchKernelEx(&cfg, kernel, mp), "launch of bwd_main_kernel");
+  launch_main_kernel<Traits, Schedule>(mp, num_ctas, stream);
 
   bwd_convert_dq_kernel<Traits><<<tile_grid, Traits::NumMmaThreads, 0, stream>>>(pp);
   check_cuda(cudaGetLastError(), "launch of bwd_convert_dq_kernel");

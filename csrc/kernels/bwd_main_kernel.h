@@ -67,10 +67,10 @@ __device__ __forceinline__ auto acc_layout_as_A_regs(AccLayout acc) {
 
 }  // namespace detail
 
-template <class Traits>
+template <class Traits, class Schedule>
 struct BwdMainKernel {
   using Element = typename Traits::Element;
-  using Params = typename Traits::MainParams;
+  using Params = typename Traits::template MainParams<Schedule>;
   using SharedStorage = typename Traits::SharedStorage;
   static constexpr int kBlockM = Traits::kBlockM;
   static constexpr int kBlockN = Traits::kBlockN;
@@ -125,7 +125,7 @@ struct BwdMainKernel {
     StageState stage;
     uint32_t kv_phase = 0;
     int const num_columns = sched.num_columns();
-    int item = blockIdx.x;
+    int item = sched.item(blockIdx.x, 0);
     for (int k = 0;; ++k) {
       // Publish the item (mbarrier arrive has release semantics for the st.shared).
       int const slot = k & 1;
@@ -140,9 +140,13 @@ struct BwdMainKernel {
         load_column(params, ss, col, num_steps, stage, kv_phase, tQsQ, tdOsdO, tKsK, tVsV, mQ_all, mdO_all, mK_all,
                     mV_all, tma_q, tma_do, tma_k, tma_v);
       }
-      // Items are claimed in increasing order (the deadlock-freedom argument in
-      // schedule.h); the first gridDim.x items are the CTAs' first columns.
-      item = int(gridDim.x) + atomicAdd(params.work_counter, 1);
+      if constexpr (Schedule::kClaimed) {
+        // Items are claimed in increasing order (the deadlock-freedom argument in
+        // schedule.h); the first gridDim.x items are the CTAs' first columns.
+        item = int(gridDim.x) + atomicAdd(params.work_counter, 1);
+      } else {
+        item = sched.item(blockIdx.x, k + 1);
+      }
     }
   }
 
@@ -215,7 +219,7 @@ struct BwdMainKernel {
   static __device__ void dq_writer(Params const& params, SharedStorage& ss) {
     auto const& sched = params.schedule;
     int const lane = threadIdx.x % 32;
-    int const num_m_blocks = sched.geo.num_m_blocks();
+    int const num_m_blocks = params.geo.num_m_blocks();
     constexpr int kSliceFloats = Traits::kdQSliceFloats;
     constexpr uint32_t kBarThreads = 128 + 32;
 
@@ -271,7 +275,7 @@ struct BwdMainKernel {
   // ---------------------------------------------------------------------------------------
   static __device__ void mma(Params const& params, SharedStorage& ss, int mma_tidx) {
     auto const& sched = params.schedule;
-    auto const& geo = sched.geo;
+    auto const& geo = params.geo;
     int const wg = mma_tidx / 128;
     int const wg_tidx = mma_tidx % 128;
 
@@ -435,7 +439,7 @@ struct BwdMainKernel {
   template <class Frag, class Coord>
   static __device__ __forceinline__ void store_dkv(Params const& params, ColumnCoord col, Frag const& tdKrdK,
                                                    Frag const& tdVrdV, Coord const& tdKVcdKV) {
-    int const seqlen_k = params.schedule.geo.seqlen_k;
+    int const seqlen_k = params.geo.seqlen_k;
     Element* dk = params.dk + int64_t(col.b) * params.dk_strides.batch + int64_t(col.h) * params.dk_strides.head;
     Element* dv = params.dv + int64_t(col.b) * params.dv_strides.batch + int64_t(col.h) * params.dv_strides.head;
     store_acc_rows_16B(tdKrdK, tdKVcdKV, params.softmax_scale, dk, params.dk_strides.row, col.n * kBlockN, seqlen_k);
@@ -443,10 +447,10 @@ struct BwdMainKernel {
   }
 };
 
-template <class Traits>
+template <class Traits, class Schedule>
 __global__ void __launch_bounds__(Traits::NumThreads, 1)
-    bwd_main_kernel(CUTE_GRID_CONSTANT typename Traits::MainParams const params) {
-  using Kernel = BwdMainKernel<Traits>;
+    bwd_main_kernel(CUTE_GRID_CONSTANT typename Traits::template MainParams<Schedule> const params) {
+  using Kernel = BwdMainKernel<Traits, Schedule>;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   auto& ss = *reinterpret_cast<typename Traits::SharedStorage*>(smem_raw);
 

@@ -9,6 +9,9 @@ namespace dash {
 
 enum class DType : int { kBFloat16 = 0, kFloat16 = 1 };
 
+// Deterministic reduction schedules the kernel implements (twin of schedule/schedule.h).
+enum class BwdSchedule : int { kFa3 = 0 };
+
 // Element strides of a (batch, seqlen, heads, head_dim) tensor whose last dim is contiguous.
 struct BSHDStrides {
   int64_t batch = 0, row = 0, head = 0;
@@ -42,6 +45,7 @@ struct BwdParams {
   float softmax_scale = 0.f;
   bool causal = false;
   bool deterministic = false;
+  BwdSchedule schedule = BwdSchedule::kFa3;
   int num_ctas_max = 0;  // SMs the persistent grid may use (device SMs - sm_margin)
 
   // Workspace, sized by bwd_workspace_sizes() and zero-initialised by the preprocess kernel.

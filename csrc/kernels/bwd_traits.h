@@ -147,6 +147,7 @@ struct BwdTraits {
   static_assert(kSmemBytes <= 227 * 1024, "shared storage exceeds the sm_90 per-block limit");
 
   // ---- Kernel parameters -----------------------------------------------------------------
+  template <class Schedule>
   struct MainParams {
     TMA_QdO tma_q, tma_do;
     TMA_KV tma_k, tma_v;
@@ -164,7 +165,8 @@ struct BwdTraits {
     float softmax_scale_log2;
     int num_heads, heads_per_kv_head;
     bool deterministic;
-    Fa3Schedule schedule;
+    TileGeometry geo;
+    Schedule schedule;
   };
 };
 

@@ -69,6 +69,18 @@ struct ColumnCoord {
   int n = 0, h = 0, b = 0;
 };
 
+// A schedule is a policy type the kernel is templated on. It provides:
+//   TileGeometry geo;                        the tile ranges it schedules
+//   int num_columns() const;                 work items (columns) in the problem
+//   static constexpr bool kClaimed;          true: after its first item (its CTA index) a CTA
+//                                            claims the next item id from a global counter;
+//                                            false: CTA x runs item(x, 0), item(x, 1), ...
+//   int item(int cta, int k) const;          (static schedules) the k-th item of CTA cta
+//   ColumnCoord column(int item) const;      which column an item is
+//   int num_steps(ColumnCoord) const;        Q tiles the column visits
+//   int m_block(ColumnCoord, int step) const the step-th Q tile it visits
+//   int turn(ColumnCoord, int m) const;      its turn in dQ tile m's accumulation order
+// The mainloop only ever calls these; the Python model (dash.schedules) is the spec.
 enum class ScheduleKind : int {
   kFa3 = 0,  // FA3's order; see Fa3Schedule.
 };
@@ -91,12 +103,14 @@ enum class ScheduleKind : int {
 // the smallest unfinished item is held by a running CTA and never waits: deadlock-free for
 // any number of CTAs.
 struct Fa3Schedule {
+  static constexpr bool kClaimed = true;
   TileGeometry geo;
   int num_heads = 0, num_batch = 0;
   bool shortest_first = false;
   bool descending_turns = false;  // causal: turn = n_end(m) - 1 - n
 
   DASH_HOST_DEVICE int num_columns() const { return geo.num_n_blocks() * num_heads * num_batch; }
+  DASH_HOST_DEVICE int item(int cta, int /*k*/) const { return cta; }  // claimed: only the first is static
   DASH_HOST_DEVICE ColumnCoord column(int L) const {
     int const N = geo.num_n_blocks();
     int const k_in_head = L % N;

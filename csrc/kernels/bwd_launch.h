@@ -2,7 +2,6 @@
 // the caller's stream. Instantiated once per (head dim, element type) translation unit.
 #pragma once
 
-#include <cstdio>
 #include <stdexcept>
 #include <string>
 

@@ -145,8 +145,8 @@ def validate_inputs(
         raise NotImplementedError(f"softcap={softcap}: softcapping is not supported yet; use 0.0")
     if not isinstance(sm_margin, numbers.Integral) or isinstance(sm_margin, bool) or sm_margin < 0:
         raise ValueError(f"sm_margin={sm_margin!r} must be an int >= 0")
-    if check_device and sm_margin >= torch.cuda.get_device_properties(q.device).multi_processor_count:
-        sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+    sms = torch.cuda.get_device_properties(q.device).multi_processor_count if check_device else None
+    if sms is not None and sm_margin >= sms:
         raise ValueError(f"sm_margin={sm_margin} leaves no SM free on this GPU ({sms} SMs)")
     if deterministic is not None and not isinstance(deterministic, bool):
         raise TypeError(f"deterministic must be None or a bool, got {deterministic!r}")

@@ -9,7 +9,8 @@ namespace dash {
 
 enum class DType : int { kBFloat16 = 0, kFloat16 = 1 };
 
-// Deterministic reduction schedules the kernel implements (twin of schedule/schedule.h).
+// Deterministic reduction schedules the kernel implements; each names a policy type in
+// schedule/schedule.h (kFa3 -> Fa3Schedule).
 enum class BwdSchedule : int { kFa3 = 0 };
 
 // Element strides of a (batch, seqlen, heads, head_dim) tensor whose last dim is contiguous.

@@ -81,9 +81,6 @@ struct ColumnCoord {
 //   int m_block(ColumnCoord, int step) const the step-th Q tile it visits
 //   int turn(ColumnCoord, int m) const;      its turn in dQ tile m's accumulation order
 // The mainloop only ever calls these; the Python model (dash.schedules) is the spec.
-enum class ScheduleKind : int {
-  kFa3 = 0,  // FA3's order; see Fa3Schedule.
-};
 
 // FA3's schedule on a persistent grid.
 //

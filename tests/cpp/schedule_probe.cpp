@@ -3,6 +3,20 @@
 // (the specification) can be compared with what the kernel computes.
 #include "schedule/schedule.h"
 
+namespace {
+
+dash::TileGeometry make_geometry(int seqlen_q, int seqlen_k, int block_m, int block_n, int causal) {
+  dash::TileGeometry geo;
+  geo.seqlen_q = seqlen_q;
+  geo.seqlen_k = seqlen_k;
+  geo.block_m = block_m;
+  geo.block_n = block_n;
+  geo.causal = causal != 0;
+  return geo;
+}
+
+}  // namespace
+
 extern "C" {
 
 // columns[3*L + {0,1,2}] = (n, h, b) of item L; for every column n of head (0, 0):
@@ -10,12 +24,7 @@ extern "C" {
 // -1 elsewhere. Returns the number of items.
 int dash_fa3_probe(int seqlen_q, int seqlen_k, int block_m, int block_n, int causal, int heads, int batch,
                    int deterministic, int* columns, int* num_steps, int* visit, int* turns) {
-  dash::TileGeometry geo;
-  geo.seqlen_q = seqlen_q;
-  geo.seqlen_k = seqlen_k;
-  geo.block_m = block_m;
-  geo.block_n = block_n;
-  geo.causal = causal != 0;
+  dash::TileGeometry const geo = make_geometry(seqlen_q, seqlen_k, block_m, block_n, causal);
   dash::Fa3Schedule const s = dash::make_fa3_schedule(geo, heads, batch, deterministic != 0);
   int const N = geo.num_n_blocks(), M = geo.num_m_blocks();
   for (int L = 0; L < s.num_columns(); ++L) {
@@ -40,13 +49,7 @@ int dash_fa3_probe(int seqlen_q, int seqlen_k, int block_m, int block_n, int cau
 
 // needs_mask(m, n) of the kernel, for the mask test.
 int dash_needs_mask(int seqlen_q, int seqlen_k, int block_m, int block_n, int causal, int m, int n) {
-  dash::TileGeometry geo;
-  geo.seqlen_q = seqlen_q;
-  geo.seqlen_k = seqlen_k;
-  geo.block_m = block_m;
-  geo.block_n = block_n;
-  geo.causal = causal != 0;
-  return geo.needs_mask(m, n) ? 1 : 0;
+  return make_geometry(seqlen_q, seqlen_k, block_m, block_n, causal).needs_mask(m, n) ? 1 : 0;
 }
 
 }  // extern "C"

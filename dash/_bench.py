@@ -10,16 +10,22 @@ from __future__ import annotations
 
 import argparse
 
+from dash.cli import head_dim, int_at_least, nonnegative_int, positive_int
+from dash.config import SUPPORTED_HEAD_DIMS
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--seqlen", type=int, default=4096)
-    p.add_argument("--hdim", type=int, default=128)
+    """Add the ``bench`` options to ``p`` (sizes are checked while parsing: one-line errors)."""
+    p.add_argument("--seqlen", type=positive_int, default=4096)
+    p.add_argument("--hdim", type=head_dim, default=128, help=f"head dim: {', '.join(map(str, SUPPORTED_HEAD_DIMS))}")
     p.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True)
-    p.add_argument("--batch", type=int, default=None, help="default: 16384 // seqlen (16k tokens)")
-    p.add_argument("--heads", type=int, default=None, help="default: 2048 // hdim (hidden 2048)")
-    p.add_argument("--iters", type=int, default=20)
-    p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--repeats", type=int, default=10, help="bitwise repeatability checks per deterministic mode")
+    p.add_argument("--batch", type=positive_int, default=None, help="default: 16384 // seqlen (16k tokens)")
+    p.add_argument("--heads", type=positive_int, default=None, help="default: 2048 // hdim (hidden 2048)")
+    p.add_argument("--iters", type=positive_int, default=20, help="timed calls per mode (the median is shown)")
+    p.add_argument("--warmup", type=nonnegative_int, default=5, help="untimed calls per mode first")
+    # One call compares nothing: a repeatability check needs two calls at least.
+    p.add_argument("--repeats", type=int_at_least(2, " (the check compares repeated calls)"), default=10,
+                   help="calls compared bitwise per deterministic mode")
 
 
 def _gpu_ok() -> tuple[bool, str]:

@@ -1,11 +1,158 @@
-"""``python -m dash``: info, bench and simulate."""
+"""``python -m dash``: info, bench, simulate and plot.
+
+Bad input gets one line on stderr that names the argument, the value and what is supported
+(exit code 2, as argparse uses for usage errors), never a traceback. Sizes, paths and optional
+dependencies are checked while the arguments are parsed, before any work starts; the argument
+types below are shared by the subcommands' parsers.
+"""
 
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import sys
+from typing import Callable, NoReturn
+
+#: What to install for ``--gantt`` and ``plot`` (matplotlib is in the ``plot`` extra only).
+MATPLOTLIB_HINT = "pip install matplotlib (or pip install 'dash-attention[plot]')"
 
 
+# ---------------------------------------------------------------------------------------
+# Argument types: each raises ArgumentTypeError, which argparse turns into
+# "argument --seqlen: 0 is not a positive integer".
+# ---------------------------------------------------------------------------------------
+def int_at_least(lo: int, why: str = "") -> Callable[[str], int]:
+    """An argparse ``type=`` accepting integers ``>= lo`` (``why`` is appended to the error)."""
+    wanted = {0: "a non-negative integer", 1: "a positive integer"}.get(lo, f"an integer >= {lo}")
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < lo:
+            raise argparse.ArgumentTypeError(f"{text} is not {wanted}{why}")
+        return value
+
+    parse.__name__ = f"int_at_least_{lo}"
+    return parse
+
+
+positive_int = int_at_least(1)
+nonnegative_int = int_at_least(0)
+
+
+def nonnegative_float(text: str) -> float:
+    """An argparse ``type=`` for costs and latencies: a finite number ``>= 0``."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a finite number >= 0")
+    return value
+
+
+def head_dim(text: str) -> int:
+    """An argparse ``type=`` for a head dim DASH's backward kernel has a configuration for."""
+    from dash.config import bwd_tile_config
+
+    value = positive_int(text)
+    try:
+        bwd_tile_config(value, causal=False)  # the same message as the API's
+    except NotImplementedError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return value
+
+
+def input_file(text: str) -> str:
+    """An argparse ``type=`` for a file that must exist and be readable."""
+    if os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text} is a folder, not a file")
+    if not os.path.exists(text):
+        raise argparse.ArgumentTypeError(f"file {text} does not exist")
+    if not os.access(text, os.R_OK):
+        raise argparse.ArgumentTypeError(f"file {text} is not readable")
+    return text
+
+
+def output_path_problem(path: str) -> str | None:
+    """Why ``path`` cannot be written, or None if it can (checked before the work, not after)."""
+    folder = os.path.dirname(path) or "."
+    if os.path.isdir(path):
+        return f"cannot write {path}: it is a folder"
+    if not os.path.exists(folder):
+        return f"cannot write {path}: folder {folder} does not exist"
+    if not os.path.isdir(folder):
+        return f"cannot write {path}: {folder} is not a folder"
+    if os.path.exists(path):
+        if not os.access(path, os.W_OK):
+            return f"cannot write {path}: the file is not writable"
+    elif not os.access(folder, os.W_OK | os.X_OK):
+        return f"cannot write {path}: folder {folder} is not writable"
+    return None
+
+
+def matplotlib_problem() -> str | None:
+    """Why matplotlib cannot be used, or None if it imports."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as e:
+        if e.name == "matplotlib":
+            return f"needs matplotlib, which is not installed: {MATPLOTLIB_HINT}"
+        return f"needs matplotlib, which failed to import ({e}): pip install --force-reinstall matplotlib"
+    return None
+
+
+def chart_path_problem(path: str) -> str | None:
+    """Why a chart cannot be written to ``path`` (matplotlib, file type, folder), or None."""
+    why = matplotlib_problem()
+    if why:
+        return why
+    if os.path.isdir(path):
+        return output_path_problem(path)
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    ext = os.path.splitext(path)[1].lstrip(".").lower()
+    formats = FigureCanvasBase.get_supported_filetypes()
+    # Without an extension matplotlib would silently write PATH.png instead of PATH.
+    if not ext:
+        return f"{path} has no file extension; use .png (or .pdf, .svg)"
+    if ext not in formats:
+        return f"matplotlib cannot write .{ext} files ({path}); use .png, .pdf or .svg (any of: {', '.join(formats)})"
+    return output_path_problem(path)
+
+
+def chart_file(text: str) -> str:
+    """An argparse ``type=`` for a chart output path: matplotlib importable, known image type, writable."""
+    why = chart_path_problem(text)
+    if why:
+        raise argparse.ArgumentTypeError(why)
+    return text
+
+
+def usage_error(command: str, message: str) -> int:
+    """Print a usage error found after parsing, in argparse's one-line form; return 2."""
+    print(f"python -m dash {command}: error: {message}", file=sys.stderr)
+    return 2
+
+
+class OneLineErrorParser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors are one line on stderr, not the usage text and the error.
+
+    Subparsers inherit the class. A short usage (the top-level command list) stays in the line.
+    """
+
+    def error(self, message: str) -> NoReturn:
+        usage = " ".join(self.format_usage().split())
+        hint = f" ({usage})" if len(usage) <= 80 else f"; see {self.prog} --help"
+        self.exit(2, f"{self.prog}: error: {message}{hint}\n")
+
+
+# ---------------------------------------------------------------------------------------
+# Subcommands (imported when used: simulate and plot must not import torch)
+# ---------------------------------------------------------------------------------------
 def _cmd_info(args: argparse.Namespace) -> int:
     from dash import _info
 
@@ -24,8 +171,14 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     return sched_cli.run_simulate(args)
 
 
+def _cmd_plot(args: argparse.Namespace) -> int:
+    from dash import plot
+
+    return plot.run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m dash", description=__doc__)
+    parser = OneLineErrorParser(prog="python -m dash", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
     p_info = sub.add_parser("info", help="what was built, and which GPU is present")
@@ -43,10 +196,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     sched_cli.add_simulate_arguments(p_sim)
     p_sim.set_defaults(func=_cmd_simulate)
+
+    p_plot = sub.add_parser("plot", help="draw TFLOP/s and ratio charts of benchmark results (needs matplotlib)",
+                            description="Per (head dim, mask): TFLOP/s against seqlen, one line per mode, and "
+                                        "each mode's ratio to an anchor measured in the same run.")
+    from dash import plot
+
+    plot.add_arguments(p_plot)
+    p_plot.set_defaults(func=_cmd_plot)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; return the exit status (also for usage errors and ``--help``, which argparse exits on)."""
     parser = build_parser()
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    except SystemExit as e:  # so that in-process callers (tests, bench's fallback) get the status too
+        return 0 if e.code is None else int(e.code)
     return int(args.func(args) or 0)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -94,3 +96,91 @@ def test_gantt_segments_show_fa3_waits_and_none_for_shift():
     fa3 = cta_segments(simulate(make_plan(p, "fa3", 132)))
     shift = cta_segments(simulate(make_plan(p, "shift", 132)))
     assert len(fa3["wait"]) > 100 and len(shift["wait"]) == 0
+
+
+# ---------------------------------------------------------------------------------------
+# Input checks: at parse time (argparse's SystemExit(2)) or before the model runs (rc 2)
+# ---------------------------------------------------------------------------------------
+def _parse_error(argv, capsys) -> str:
+    parser = argparse.ArgumentParser(prog="python -m dash simulate")
+    cli.add_simulate_arguments(parser)
+    with pytest.raises(SystemExit) as e:
+        parser.parse_args(argv)
+    assert e.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_sizes_are_checked_while_parsing(capsys):
+    assert "argument --seqlen: 0 is not a positive integer" in _parse_error(["--seqlen", "0", "--hdim", "64"], capsys)
+    err = _parse_error(["--seqlen", "64", "--hdim", "64", "--varlen-q", "1,x"], capsys)
+    assert "argument --varlen-q: 1,x is not a comma-separated list of lengths >= 0" in err
+    err = _parse_error(["--seqlen", "64", "--hdim", "64", "--latency", "inf"], capsys)
+    assert "argument --latency: inf is not a finite number >= 0" in err
+
+
+def test_unsupported_hdim_runs_with_explicit_tiles(capsys):
+    """The head dim is only checked against the kernel's table when the model needs its tiles."""
+    rc, out, err = _run(["--seqlen", "1024", "--hdim", "96", "--block-m", "64", "--block-n", "128",
+                         "--schedule", "fa3", "--json"], capsys)
+    assert rc == 0 and err == ""
+    assert "hdim 96" in json.loads(out)["problem"]
+    rc, out, err = _run(["--seqlen", "1024", "--hdim", "96", "--block-m", "64"], capsys)
+    assert rc == 2 and out == "" and "argument --hdim: head_dim=96" in err and "--block-n" in err
+
+
+@pytest.mark.parametrize("argv", [
+    ["--seqlen", "64", "--hdim", "64", "--varlen-q", "0,0"],  # every sequence empty: lower bound 0
+    ["--seqlen", "64", "--hdim", "64", "--c", "0", "--r", "0"],  # zero costs: lower bound 0
+])
+def test_zero_lower_bound_is_not_a_division_by_zero(argv, capsys):
+    rc, out, err = _run(argv + ["--schedule", "fa3,shift"], capsys)
+    assert rc == 0 and err == ""
+    rows = {ln.split()[0]: ln.split() for ln in out.splitlines()[2:]}
+    assert set(rows) == {"fa3", "shift"} and all(r[1] == "0.0" and r[2] == "1.000" for r in rows.values())
+
+
+def test_gantt_with_nothing_to_draw_is_one_line(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "g.png"
+    rc, out, err = _run(["--seqlen", "4096", "--hdim", "64", "--batch", "1", "--heads", "1", "--ctas", "3",
+                         "--schedule", "portable", "--gantt", str(path)], capsys)
+    assert rc == 1 and "Traceback" not in err and err.count("\n") == 1
+    assert f"--gantt {path} not written: no schedule was simulated deadlock-free" in err
+    assert not path.exists()
+
+
+def test_gantt_write_failure_is_one_line(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("matplotlib")
+    import errno
+
+    from dash.schedules import gantt
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(gantt, "plot_gantt", full_disk)
+    path = tmp_path / "g.png"
+    rc, out, err = _run(["--seqlen", "1024", "--hdim", "64", "--schedule", "fa3", "--gantt", str(path)], capsys)
+    assert rc == 1 and err.count("\n") == 1
+    assert f"--gantt {path} not written: {os.strerror(errno.ENOSPC)}" in err
+
+
+def test_gantt_leaves_the_global_matplotlib_backend_alone(tmp_path):
+    """plot_gantt draws on an Agg canvas without pyplot: a notebook's backend is not switched."""
+    pytest.importorskip("matplotlib")
+    import dash
+
+    path = str(tmp_path / "g.png")
+    code = (
+        "import sys, matplotlib\n"
+        "matplotlib.use('svg')\n"
+        "from dash.cli import main\n"
+        f"rc = main(['simulate', '--seqlen', '1024', '--hdim', '64', '--schedule', 'fa3', '--gantt', {path!r}])\n"
+        "print(rc, matplotlib.get_backend(), 'matplotlib.pyplot' in sys.modules)\n"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(dash.__file__)))
+    p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=dict(os.environ, PYTHONPATH=root),
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.splitlines()[-1] == "0 svg False"
+    assert (tmp_path / "g.png").stat().st_size > 10_000

@@ -5,14 +5,22 @@ turn wait, deadlock-free, portable) or, with ``--json``, only
 ``{"schedules": {name: {"makespan", "lower_bound", "idle_fraction", "max_wait",
 "deadlock_free", "portable"}}, "problem": ..., "ctas": ..., "costs": ...}`` on stdout.
 ``--gantt out.png`` writes a Gantt chart of the simulated schedules.
+
+Sizes, costs and the ``--gantt`` path (and matplotlib) are checked while parsing; what needs the
+whole shape (head dim vs tile config, GQA head counts, the costs file) is checked before the model
+runs. Either way bad input is one line on stderr and exit code 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
+from dash.cli import (chart_file, input_file, int_at_least, nonnegative_float, nonnegative_int, positive_int,
+                      usage_error)
+from dash.config import SUPPORTED_HEAD_DIMS, bwd_tile_config
 from dash.schedules.calibrate import load_costs
 from dash.schedules.orders import SCHEDULE_NAMES, make_plan
 from dash.schedules.simulate import Costs, SimResult, simulate
@@ -20,48 +28,63 @@ from dash.schedules.tiling import Problem, paper_problem
 
 
 def _int_list(text: str) -> tuple[int, ...]:
+    """Comma-separated sequence lengths (0 is allowed: an empty sequence in a varlen batch)."""
     try:
-        return tuple(int(v) for v in text.split(",") if v.strip())
+        values = tuple(int(v) for v in text.split(",") if v.strip())
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+        values = ()
+    if not values or min(values) < 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a comma-separated list of lengths >= 0")
+    return values
+
+
+#: ``--window`` sides: -1 is unbounded, smaller values mean nothing.
+_window_side = int_at_least(-1, " (-1 = unbounded)")
 
 
 def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``simulate`` options to ``parser``."""
     g = parser.add_argument_group("shape")
-    g.add_argument("--seqlen", type=int, required=True, help="query length (and key length unless --seqlen-k)")
-    g.add_argument("--seqlen-k", type=int, default=None, help="key length (default: --seqlen)")
-    g.add_argument("--hdim", type=int, required=True, help="head dim (picks the tile sizes from dash.config)")
+    g.add_argument("--seqlen", type=positive_int, required=True,
+                   help="query length (and key length unless --seqlen-k)")
+    g.add_argument("--seqlen-k", type=positive_int, default=None, help="key length (default: --seqlen)")
+    g.add_argument("--hdim", type=positive_int, required=True,
+                   help=f"head dim: {', '.join(map(str, SUPPORTED_HEAD_DIMS))} (picks the tile sizes from "
+                        "dash.config), or any with --block-m and --block-n")
     g.add_argument("--causal", action="store_true", help="causal mask (bottom-right aligned)")
-    g.add_argument("--window", type=int, nargs=2, metavar=("LEFT", "RIGHT"), default=None,
+    g.add_argument("--window", type=_window_side, nargs=2, metavar=("LEFT", "RIGHT"), default=None,
                    help="sliding window (-1 = unbounded side)")
-    g.add_argument("--batch", type=int, default=None, help="batch (default: max(1, 16384 // seqlen))")
-    g.add_argument("--heads", type=int, default=None, help="query heads (default: 2048 // hdim)")
-    g.add_argument("--heads-kv", type=int, default=None, help="KV heads for GQA (default: --heads)")
+    g.add_argument("--batch", type=positive_int, default=None, help="batch (default: max(1, 16384 // seqlen))")
+    g.add_argument("--heads", type=positive_int, default=None, help="query heads (default: 2048 // hdim)")
+    g.add_argument("--heads-kv", type=positive_int, default=None, help="KV heads for GQA (default: --heads)")
     g.add_argument("--varlen-q", type=_int_list, default=None, metavar="L0,L1,..",
                    help="per-sequence query lengths (varlen; sets the batch)")
     g.add_argument("--varlen-k", type=_int_list, default=None, metavar="L0,L1,..",
                    help="per-sequence key lengths (varlen; default: the query lengths)")
-    g.add_argument("--block-m", type=int, default=None, help="override kBlockM")
-    g.add_argument("--block-n", type=int, default=None, help="override kBlockN")
+    g.add_argument("--block-m", type=positive_int, default=None, help="override kBlockM")
+    g.add_argument("--block-n", type=positive_int, default=None, help="override kBlockN")
     s = parser.add_argument_group("schedule and costs")
-    s.add_argument("--ctas", type=int, default=132, help="persistent grid size the schedules are planned for")
+    s.add_argument("--ctas", type=positive_int, default=132,
+                   help="persistent grid size the schedules are planned for")
     s.add_argument("--schedule", default="all",
                    help=f"one of {', '.join(SCHEDULE_NAMES)}, a comma-separated list, or 'all'")
     s.add_argument("--portable", action="store_true",
                    help="plan shift / symmetric_shift / causal descending as their portable variants")
-    s.add_argument("--c", type=float, default=1.0, help="compute cost of one step on a full tile")
-    s.add_argument("--r", type=float, default=0.3, help="cost of one serialized dQ reduce-add")
-    s.add_argument("--latency", type=float, default=0.0, help="semaphore hand-off latency")
-    s.add_argument("--c-partial", type=float, default=None, help="compute cost on a diagonal tile (default --c)")
-    s.add_argument("--costs", default=None, metavar="JSON",
+    s.add_argument("--c", type=nonnegative_float, default=1.0, help="compute cost of one step on a full tile")
+    s.add_argument("--r", type=nonnegative_float, default=0.3, help="cost of one serialized dQ reduce-add")
+    s.add_argument("--latency", type=nonnegative_float, default=0.0, help="semaphore hand-off latency")
+    s.add_argument("--c-partial", type=nonnegative_float, default=None,
+                   help="compute cost on a diagonal tile (default --c)")
+    s.add_argument("--costs", type=input_file, default=None, metavar="JSON",
                    help="costs file from dash.schedules.calibrate.save_costs (overrides --c/--r/...)")
-    s.add_argument("--pipeline-depth", type=int, default=1,
+    s.add_argument("--pipeline-depth", type=nonnegative_int, default=1,
                    help="steps compute may run ahead of the dQ writer (0 = no overlap)")
     o = parser.add_argument_group("output")
     o.add_argument("--json", action="store_true", help="print JSON only")
-    o.add_argument("--gantt", default=None, metavar="PNG", help="write a Gantt chart (needs matplotlib)")
-    o.add_argument("--gantt-ctas", type=int, default=None, help="show only the first N CTAs in the Gantt chart")
+    o.add_argument("--gantt", type=chart_file, default=None, metavar="PNG",
+                   help="write a Gantt chart (.png, .pdf, .svg; needs matplotlib)")
+    o.add_argument("--gantt-ctas", type=positive_int, default=None,
+                   help="show only the first N CTAs in the Gantt chart")
 
 
 def problem_from_args(args: argparse.Namespace) -> Problem:
@@ -73,12 +96,45 @@ def problem_from_args(args: argparse.Namespace) -> Problem:
         lq = args.varlen_q or args.varlen_k
         lk = args.varlen_k or lq
         if len(lq) != len(lk):
-            raise ValueError(f"--varlen-q has {len(lq)} lengths, --varlen-k {len(lk)}")
-        heads = args.heads if args.heads is not None else max(1, 2048 // args.hdim)
+            raise ValueError(f"argument --varlen-k: {len(lk)} lengths for the {len(lq)} of --varlen-q; "
+                             "give one per sequence")
+        heads = _query_heads(args)
         return Problem(len(lq), heads, max(lq), max(lk), args.hdim, causal=causal,
                        seqlens_q=lq, seqlens_k=lk, **kw)
     return paper_problem(args.seqlen, args.hdim, causal, seqlen_k=args.seqlen_k, batch=args.batch,
                          heads=args.heads, **kw)
+
+
+def bound_ratio(res: SimResult) -> float:
+    """Makespan / lower bound; 1 for an empty problem or zero costs (both are 0)."""
+    if res.lower_bound > 0:
+        return res.makespan / res.lower_bound
+    return 1.0 if res.makespan == 0 else math.inf
+
+
+def _query_heads(args: argparse.Namespace) -> int:
+    """``--heads``, or the paper convention (hidden 2048)."""
+    return args.heads if args.heads is not None else max(1, 2048 // args.hdim)
+
+
+def _check_combinations(args: argparse.Namespace) -> None:
+    """What the parser cannot check option by option; raise ValueError naming the options."""
+    if args.block_m is None or args.block_n is None:
+        # Without both tile sizes the model takes them from the kernel's config table.
+        try:
+            bwd_tile_config(args.hdim, bool(args.causal))
+        except NotImplementedError as e:
+            raise ValueError(f"argument --hdim: {e} (other head dims: give --block-m and --block-n)") from None
+    heads = _query_heads(args)
+    if args.heads_kv is not None and heads % args.heads_kv:
+        raise ValueError(f"argument --heads-kv: {args.heads_kv} does not divide the {heads} query heads (--heads)")
+    if args.causal and args.window and args.window[1] not in (-1, 0):
+        raise ValueError(f"argument --window: right side {args.window[1]} with --causal, which means a right "
+                         "window of 0; leave out --causal or use RIGHT 0")
+    if args.ctas < 1:  # also for namespaces built without the parser
+        raise ValueError(f"argument --ctas: {args.ctas} is not a positive integer")
+    if args.pipeline_depth < 0:
+        raise ValueError(f"argument --pipeline-depth: {args.pipeline_depth} is not a non-negative integer")
 
 
 def _schedules(text: str) -> list[str]:
@@ -87,24 +143,33 @@ def _schedules(text: str) -> list[str]:
     names = [s.strip() for s in text.split(",") if s.strip()]
     for n in names:
         if n not in SCHEDULE_NAMES:
-            raise ValueError(f"--schedule {n!r} is unknown; known: {', '.join(SCHEDULE_NAMES)}, all")
+            raise ValueError(f"argument --schedule: {n!r} is unknown; known: {', '.join(SCHEDULE_NAMES)}, all")
+    if not names:
+        raise ValueError(f"argument --schedule: {text!r} names no schedule; known: {', '.join(SCHEDULE_NAMES)}, all")
     return names
+
+
+def _costs(args: argparse.Namespace) -> Costs:
+    """``--costs FILE`` if given, else the cost options."""
+    if not args.costs:
+        return Costs(c=args.c, r=args.r, latency=args.latency, c_partial=args.c_partial)
+    try:
+        return load_costs(args.costs)
+    except (OSError, ValueError, TypeError) as e:  # unreadable, not JSON, unknown keys, negative costs
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0]
+        raise ValueError(f"argument --costs: {args.costs} is not a costs file from "
+                         f"dash.schedules.calibrate.save_costs ({why})") from None
 
 
 def run_simulate(args: argparse.Namespace) -> int:
     """Run the model; return 0 if every schedule is deadlock-free, 1 otherwise, 2 on bad input."""
     try:
+        _check_combinations(args)
         problem = problem_from_args(args)
         names = _schedules(args.schedule)
-        costs = load_costs(args.costs) if args.costs else Costs(c=args.c, r=args.r, latency=args.latency,
-                                                               c_partial=args.c_partial)
-        if args.ctas < 1:
-            raise ValueError(f"--ctas={args.ctas} must be >= 1")
-        if args.pipeline_depth < 0:
-            raise ValueError(f"--pipeline-depth={args.pipeline_depth} must be >= 0")
+        costs = _costs(args)
     except (ValueError, NotImplementedError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return usage_error("simulate", str(e))
     results: dict[str, SimResult] = {}
     errors: dict[str, str] = {}
     for name in names:
@@ -141,15 +206,30 @@ def run_simulate(args: argparse.Namespace) -> int:
             r = results[name]
             port = "yes" if r.plan.portable else "no"
             if r.deadlock_free:
-                print(f"{name:<16} {r.makespan:>10.1f} {r.makespan / r.lower_bound:>8.3f} {100 * r.mean_idle:>7.1f} "
+                print(f"{name:<16} {r.makespan:>10.1f} {bound_ratio(r):>8.3f} {100 * r.mean_idle:>7.1f} "
                       f"{r.max_wait:>11.1f} {'yes':>14} {port:>9}")
             else:
                 print(f"{name:<16} {'-':>10} {'-':>8} {'-':>7} {'-':>11} {'NO':>14} {port:>9}")
+    rc = 0 if all(r.deadlock_free for r in results.values()) else 1
     if args.gantt:
-        from dash.schedules.gantt import plot_gantt
+        rc = max(rc, _write_gantt(args, problem, costs, results))
+    return rc
 
+
+def _write_gantt(args: argparse.Namespace, problem: Problem, costs: Costs, results: dict[str, SimResult]) -> int:
+    """Draw ``--gantt`` (its path and matplotlib were checked while parsing); 0 if written, else 1."""
+    from dash.schedules.gantt import plot_gantt
+
+    if not any(r.deadlock_free for r in results.values()):
+        print(f"python -m dash simulate: --gantt {args.gantt} not written: no schedule was simulated deadlock-free",
+              file=sys.stderr)
+        return 1
+    try:
         plot_gantt(results, args.gantt, title=f"{problem.describe()}; {args.ctas} CTAs; c={costs.c:g}, r={costs.r:g}",
                    max_ctas=args.gantt_ctas)
-        if not args.json:
-            print(f"Gantt chart written to {args.gantt}")
-    return 0 if all(r.deadlock_free for r in results.values()) else 1
+    except OSError as e:  # checked before the run, but the disk may still fill or the folder go away
+        print(f"python -m dash simulate: --gantt {args.gantt} not written: {e.strerror or e}", file=sys.stderr)
+        return 1
+    if not args.json:
+        print(f"Gantt chart written to {args.gantt}")
+    return 0

@@ -3,7 +3,8 @@
 Blue bars are compute (two shades alternate per column so column boundaries show); red bars
 are the time a CTA's compute was stalled because its dQ reduction could not take its turn
 (the FA3 staircase); grey bars are column epilogues; white is idle (no work left).
-matplotlib is imported only here (``pip install matplotlib``).
+matplotlib is imported only here (``pip install matplotlib``), and drawn with its Agg canvas
+without pyplot: the global backend of a notebook or a GUI session is left alone.
 """
 
 from __future__ import annotations
@@ -67,11 +68,9 @@ def plot_gantt(results: Mapping[str, SimResult], path: str, *, title: str | None
 
     ``max_ctas`` shows only the first CTAs; ``time_limit`` cuts the time axis.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.collections import PolyCollection
+    from matplotlib.figure import Figure
     from matplotlib.patches import Patch
 
     names = [n for n, r in results.items() if r.deadlock_free]
@@ -80,7 +79,9 @@ def plot_gantt(results: Mapping[str, SimResult], path: str, *, title: str | None
     tmax = max(results[n].makespan for n in names)
     if time_limit is not None:
         tmax = min(tmax, time_limit)
-    fig, axes = plt.subplots(len(names), 1, figsize=(12, 2.4 + 2.2 * len(names)), sharex=True, squeeze=False)
+    fig = Figure(figsize=(12, 2.4 + 2.2 * len(names)))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(len(names), 1, sharex=True, squeeze=False)
     for ax, name in zip(axes[:, 0], names):
         res = results[name]
         P = res.plan.ctas if max_ctas is None else min(max_ctas, res.plan.ctas)
@@ -100,9 +101,10 @@ def plot_gantt(results: Mapping[str, SimResult], path: str, *, title: str | None
                                   np.stack([x1, y + 0.5], 1), np.stack([x0, y + 0.5], 1)], axis=1)
                 ax.add_collection(PolyCollection(verts, facecolors=color, edgecolors="none", linewidths=0))
         ax.set_ylim(P - 0.5, -0.5)
-        ax.set_xlim(0, tmax)
+        ax.set_xlim(0, tmax if tmax > 0 else 1.0)  # an empty problem has makespan 0
         ax.set_ylabel("CTA")
-        ax.set_title(f"{name}: makespan {res.makespan:.1f} = {res.makespan / res.lower_bound:.3f} x lower bound, "
+        ratio = res.makespan / res.lower_bound if res.lower_bound > 0 else 1.0
+        ax.set_title(f"{name}: makespan {res.makespan:.1f} = {ratio:.3f} x lower bound, "
                      f"mean idle {100 * res.mean_idle:.1f} %, total turn wait {res.total_wait:.1f}",
                      fontsize=10, loc="left")
     axes[-1, 0].set_xlabel("time (units of c)")
@@ -117,4 +119,3 @@ def plot_gantt(results: Mapping[str, SimResult], path: str, *, title: str | None
         fig.suptitle(title, x=0.01, y=0.995, ha="left", va="top", fontsize=11)
     fig.tight_layout(rect=(0, 0, 1, top - 0.05 / fig.get_figheight()))
     fig.savefig(path, dpi=dpi)
-    plt.close(fig)

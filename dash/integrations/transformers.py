@@ -1,0 +1,658 @@
+"""DASH as a Hugging Face ``transformers`` attention implementation.
+
+    import dash.integrations.transformers            # registers attn_implementation="dash"
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="dash")
+    model.set_attn_implementation("dash")            # or switch a loaded model
+
+Importing this module registers the name ``"dash"`` with the default settings
+(``deterministic=None``: follow ``torch.use_deterministic_algorithms``; ``schedule="auto"``).
+That import-time registration is this module's one side effect and its purpose.
+:func:`register` registers again with other settings, or under another name
+(``register("dash_det", deterministic=True)``); registering a name twice is harmless, the
+last call's settings win.
+
+Two things are registered under the name, both through transformers' public registries:
+
+* the attention function (``transformers.AttentionInterface``, transformers >= 4.51): it
+  turns transformers' ``(batch, heads, seqlen, head_dim)`` tensors into DASH's
+  ``(batch, seqlen, heads, head_dim)`` views, maps ``scaling`` to ``softmax_scale`` and
+  ``is_causal`` / ``module.is_causal`` to ``causal`` and calls
+  :func:`dash.interface.flash_attn_func`; GQA/MQA key/value heads go in unrepeated.
+* a mask function (``transformers.AttentionMaskInterface``, transformers >= 4.53). Without
+  one, transformers builds no mask for a custom implementation and drops padding masks
+  silently. This one never builds a mask: it returns ``None`` for the plain causal (or
+  bidirectional) mask, and raises for anything else -- padding, packed sequences, sliding
+  windows that cut something off, chunked attention, custom mask overlays, a static KV cache.
+
+Every feature DASH lacks raises ``NotImplementedError`` naming the feature and the value:
+dropout > 0, padding masks, packed sequences / varlen (``cu_seq_lens_*``, or ``position_ids``
+that restart), sliding windows, softcapping, attention sinks, attention biases,
+``output_attentions``. Head dims other than 64/128 and dtypes other than bf16/fp16 are
+rejected by :func:`~dash.interface.flash_attn_func` itself. Nothing ever falls back to another
+implementation. Under ``torch.autocast`` float32 query/key/value are cast to the autocast
+dtype, as transformers' SDPA and flash-attention paths do.
+
+Cost of the checks: with no mask (the usual training case) there is no device sync except
+one small check of ``position_ids`` per forward (cached across layers). A 2D mask costs one
+``all()`` over (batch, seqlen) per forward; a 4D mask (passed by the user, or built by
+transformers < 4.53 for custom implementations) one pass over it per forward in row chunks of
+at most 2**24 elements, cached across the layers that share it. Under ``torch.compile`` the
+mask function runs eagerly (one graph break per forward, where transformers builds the mask),
+the position_ids check becomes an asynchronous device assert (no graph break), and a mask
+handed to the attention function is a graph break per layer (see docs/transformers.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import numbers
+import re
+import weakref
+from typing import Any, Callable, Optional
+
+import torch
+from torch import Tensor
+
+from dash import interface as _dash_interface
+
+try:
+    import transformers as _transformers
+except ImportError as _e:  # pragma: no cover - exercised only where transformers is missing
+    raise ImportError(
+        "dash.integrations.transformers needs the `transformers` package (>= 4.51): pip install 'transformers>=4.51'"
+    ) from _e
+
+__all__ = ["MIN_TRANSFORMERS_VERSION", "register", "registered_names", "attention_forward"]
+
+#: Oldest transformers with the public ``AttentionInterface`` registry.
+MIN_TRANSFORMERS_VERSION = "4.51"
+#: Mask functions (``AttentionMaskInterface``) exist from this version; older versions let
+#: the model build 4D masks, which the attention function then checks.
+MASK_INTERFACE_VERSION = "4.53"
+
+#: Names transformers gives a meaning of its own (``"flash"`` selects flash-attention checks,
+#: ``"sdpa"``/``"flex_attention"`` their dispatch checks, ``"paged|"`` paged attention, and
+#: ``"org/repo"`` a Hub kernel), so a DASH name must avoid them.
+_RESERVED_SUBSTRINGS = ("flash", "sdpa", "flex", "paged", "eager")
+_NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9_\-]*")
+
+#: Row chunk budget (elements) of the 4D mask check: bounds its temporaries.
+_MASK_CHECK_CHUNK = 1 << 24
+#: An additive float mask "blocks" a position only when its bias is at most this (exp underflows).
+_BLOCKED_BIAS = -1.0e4
+
+try:
+    from transformers import masking_utils as _masking_utils
+except ImportError:  # transformers < 4.53: models build their masks themselves
+    _masking_utils = None
+
+_VARLEN_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx")
+_OTHER_UNSUPPORTED_KWARGS = {
+    "s_aux": "attention sinks (s_aux)",
+    "sinks": "attention sinks",
+    "position_bias": "an additive attention bias (position_bias)",
+    "head_mask": "a head mask (head_mask)",
+    "indices": "sparse attention (indices)",
+    "block_indices": "sparse attention (block_indices)",
+}
+
+
+# ---------------------------------------------------------------------------------------
+# transformers' registries
+# ---------------------------------------------------------------------------------------
+def _interfaces(tf: Any = None) -> tuple[Any, Any]:
+    """``(AttentionInterface, AttentionMaskInterface or None)`` of the installed transformers
+    (or of ``tf``); ImportError naming the minimum version when there is no registry."""
+    tf = _transformers if tf is None else tf
+    attention_interface = getattr(tf, "AttentionInterface", None)
+    if attention_interface is None or not callable(getattr(attention_interface, "register", None)):
+        version = getattr(tf, "__version__", "unknown")
+        raise ImportError(
+            f"transformers {version} has no AttentionInterface registry; dash.integrations.transformers needs "
+            f"transformers >= {MIN_TRANSFORMERS_VERSION}: pip install -U 'transformers>={MIN_TRANSFORMERS_VERSION}'"
+        )
+    mask_interface = getattr(tf, "AttentionMaskInterface", None)
+    if mask_interface is None and tf is _transformers:
+        try:
+            from transformers.masking_utils import AttentionMaskInterface as mask_interface  # noqa: N813
+        except ImportError:  # transformers < 4.53: models build their masks themselves
+            mask_interface = None
+    return attention_interface, mask_interface
+
+
+def _check_name(name: object) -> str:
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
+        raise ValueError(
+            f"name={name!r} must be a string of letters, digits, '_' or '-' starting with a letter "
+            "(transformers reads '/', ':', '@' and '|' as Hub-kernel or paged-attention syntax)"
+        )
+    lowered = name.lower()
+    clash = [s for s in _RESERVED_SUBSTRINGS if s in lowered]
+    if clash:
+        raise ValueError(
+            f"name={name!r} contains {clash[0]!r}, which transformers reserves for its own attention implementations; "
+            "choose another name, e.g. 'dash'"
+        )
+    return name
+
+
+# ---------------------------------------------------------------------------------------
+# Errors
+# ---------------------------------------------------------------------------------------
+def _unsupported(name: str, feature: str, detail: str, remedy: str) -> NotImplementedError:
+    return NotImplementedError(f"DASH (attn_implementation={name!r}) does not support {feature}: {detail}; {remedy}")
+
+
+# ---------------------------------------------------------------------------------------
+# Verdict cache: a mask / position_ids tensor is shared by all layers of one forward
+# ---------------------------------------------------------------------------------------
+class _LastVerdict:
+    """Remembers the verdict for the last tensor checked (by identity and version), so that
+    the layers of one forward, which share their mask / position_ids, check it once."""
+
+    def __init__(self) -> None:
+        self._ref: Optional[weakref.ReferenceType] = None
+        self._key: Any = None
+        self._verdict: Any = None
+
+    def get(self, t: Tensor, key: Any) -> Any:
+        if _compiling():  # traced tensors are stand-ins: nothing to remember
+            return None
+        if self._ref is not None and self._ref() is t and self._key == (t._version, key):
+            return self._verdict
+        return None
+
+    def put(self, t: Tensor, key: Any, verdict: Any) -> None:
+        if _compiling():
+            return
+        try:
+            self._ref = weakref.ref(t)
+        except TypeError:  # pragma: no cover - tensors are weak-referenceable
+            self._ref = None
+            return
+        self._key = (t._version, key)
+        self._verdict = verdict
+
+
+_mask_verdicts = _LastVerdict()
+_position_verdicts = _LastVerdict()
+
+
+def _compiling() -> bool:
+    try:
+        return bool(torch.compiler.is_compiling())
+    except AttributeError:  # pragma: no cover - torch < 2.3
+        return False
+
+
+# ---------------------------------------------------------------------------------------
+# Mask checks (attention side)
+# ---------------------------------------------------------------------------------------
+def _four_d_mask_kind(mask: Tensor, seqlen_q: int, seqlen_k: int) -> tuple[bool, bool]:
+    """(is all-visible, is DASH's bottom-right causal mask) for a 4D mask (B|1, H|1, Sq|1, Sk).
+
+    Bool/int masks: nonzero = visible. Float masks are additive: visible = 0, blocked <= -1e4
+    (anything else is a bias DASH cannot apply). Reads the mask once, in row chunks of at most
+    ``_MASK_CHECK_CHUNK`` elements, with one device sync at the end."""
+    rows_total = mask.shape[-2]
+    per_row = max(1, mask.numel() // max(1, rows_total))
+    chunk = max(1, _MASK_CHECK_CHUNK // per_row)
+    floating = mask.is_floating_point()
+    cols = torch.arange(seqlen_k, device=mask.device)[None, :]
+    # A single mask row broadcast over several queries cannot be the causal mask.
+    causal_possible = rows_total == seqlen_q or seqlen_q == 1
+    full_ok = torch.ones((), dtype=torch.bool, device=mask.device)
+    causal_ok = torch.full((), causal_possible, dtype=torch.bool, device=mask.device)
+    for r0 in range(0, rows_total, chunk):
+        r1 = min(rows_total, r0 + chunk)
+        m = mask[..., r0:r1, :]
+        if floating:
+            keep = m == 0
+            blocked = m <= _BLOCKED_BIAS
+        else:
+            keep = m if m.dtype == torch.bool else m != 0
+            blocked = ~keep
+        full_ok &= keep.all()
+        if causal_possible:
+            rows = torch.arange(r0, r1, device=mask.device)[:, None] + (seqlen_q - rows_total)
+            visible = cols <= rows + (seqlen_k - seqlen_q)  # DASH's causal mask is bottom-right aligned
+            causal_ok &= torch.where(visible, keep, blocked).all()
+    full, causal = torch.stack([full_ok, causal_ok]).tolist()
+    return bool(full), bool(causal)
+
+
+def _is_padded_causal(mask: Tensor, seqlen_q: int, seqlen_k: int) -> bool:
+    """Error path only: is a rejected 4D mask the causal (or full) mask of padded sequences,
+    i.e. the plain mask minus some key columns of each batch row? (What transformers < 4.53
+    builds from a 2D padding mask.) One more pass over the mask."""
+    keep = (mask == 0) if mask.is_floating_point() else (mask if mask.dtype == torch.bool else mask != 0)
+    if keep.shape[-2] != seqlen_q:
+        return False
+    cols = torch.arange(seqlen_k, device=mask.device)[None, :]
+    rows = torch.arange(seqlen_q, device=mask.device)[:, None]
+    visible = cols <= rows + (seqlen_k - seqlen_q)
+    key_used = keep.any(dim=-2, keepdim=True)  # (B, H, 1, Sk): keys some query sees
+    for plain in (visible, torch.ones_like(visible)):
+        if bool((keep == (plain & key_used)).all()) and not bool(key_used.all()):
+            return True
+    return False
+
+
+def _mask_decides_causal(
+    name: str, mask: Any, causal: bool, seqlen_q: int, seqlen_k: int
+) -> bool:
+    """Check a mask handed to the attention function; returns the ``causal`` flag to run with.
+
+    ``None``: the flag as given. A 2D (batch, keys) padding mask: allowed when it masks
+    nothing. A 4D mask: allowed when it is exactly the all-visible or exactly DASH's causal
+    mask -- then, as transformers' SDPA and eager paths do, the mask decides causality."""
+    if mask is None:
+        return causal
+    if not isinstance(mask, Tensor):
+        raise _unsupported(
+            name, f"an attention_mask of type {type(mask).__name__}", "DASH takes no mask object",
+            "use attn_implementation='flex_attention' for block masks",
+        )
+    if mask.dim() == 2:
+        if mask.shape[-1] < seqlen_k:
+            raise ValueError(
+                f"attention_mask has shape {tuple(mask.shape)} but the keys have length {seqlen_k}; a 2D mask must "
+                "cover every key"
+            )
+        key = ("2d", seqlen_k)
+        verdict = _mask_verdicts.get(mask, key)
+        if verdict is None:
+            m = mask[:, -seqlen_k:]
+            verdict = bool((m if m.dtype == torch.bool else m != 0).all())
+            _mask_verdicts.put(mask, key, verdict)
+        if not verdict:
+            raise _unsupported(
+                name, "a padding mask", f"attention_mask (shape {tuple(mask.shape)}) has padded (zero) positions",
+                "batch sequences of equal length without padding tokens, or use attn_implementation='sdpa'",
+            )
+        return causal
+    if mask.dim() != 4:
+        raise ValueError(f"attention_mask must be None, 2D (batch, keys) or 4D; got shape {tuple(mask.shape)}")
+    m = mask[..., :seqlen_k] if mask.shape[-1] > seqlen_k else mask  # transformers < 4.53 pads the key dim
+    if m.shape[-1] != seqlen_k or m.shape[-2] not in (1, seqlen_q):
+        raise ValueError(
+            f"attention_mask has shape {tuple(mask.shape)}, which does not fit {seqlen_q} queries and {seqlen_k} keys"
+        )
+    key = ("4d", seqlen_q, seqlen_k)
+    verdict = _mask_verdicts.get(mask, key)
+    if verdict is None:
+        verdict = _four_d_mask_kind(m, seqlen_q, seqlen_k)
+        _mask_verdicts.put(mask, key, verdict)
+    full, is_causal = verdict
+    if full and is_causal:  # e.g. a single query: both masks are the same
+        return causal
+    if full:
+        return False
+    if is_causal:
+        return True
+    if _is_padded_causal(m, seqlen_q, seqlen_k):
+        raise _unsupported(
+            name, "a padding mask",
+            f"the 4D attention_mask (shape {tuple(mask.shape)}) masks padded key positions",
+            "batch sequences of equal length without padding tokens, or use attn_implementation='sdpa'",
+        )
+    raise _unsupported(
+        name, "a custom attention mask",
+        f"the 4D attention_mask (shape {tuple(mask.shape)}, {mask.dtype}) is neither the causal mask nor all-visible "
+        "(padding, packed sequences, a static KV cache, a sliding window or a bias)",
+        "pass no attention_mask (or an all-ones 2D one), or use attn_implementation='sdpa'",
+    )
+
+
+def _packing_error(name: str) -> NotImplementedError:
+    return _unsupported(
+        name, "packed sequences (varlen)",
+        "position_ids restart inside a row, i.e. several sequences are packed into one",
+        "pad to a batch of separate sequences (without padding tokens), or use attn_implementation='sdpa' "
+        "with a proper block-diagonal mask",
+    )
+
+
+def _check_position_ids(name: str, position_ids: Any, seqlen_q: int) -> None:
+    """Packed sequences show as position_ids that do not increase by exactly 1 along a row
+    (transformers' own packing rule). Only plain (batch, seqlen_q) position_ids are read.
+
+    Eager: one check per position_ids tensor (cached across layers), a Python exception.
+    Compiled: an asynchronous device assert, so the check costs no graph break (on CUDA a
+    failure surfaces as a device-side assert carrying the same message)."""
+    if not isinstance(position_ids, Tensor) or position_ids.dim() != 2 or seqlen_q < 2:
+        return
+    if position_ids.shape[-1] != seqlen_q or position_ids.is_floating_point():
+        return
+    if _compiling():
+        consecutive = (position_ids[:, 1:] - position_ids[:, :-1] == 1).all()
+        torch._assert_async(consecutive, str(_packing_error(name)))
+        return
+    key = ("pos", seqlen_q)
+    verdict = _position_verdicts.get(position_ids, key)
+    if verdict is None:
+        verdict = bool((position_ids[:, 1:] - position_ids[:, :-1] == 1).all())
+        _position_verdicts.put(position_ids, key, verdict)
+    if not verdict:
+        raise _packing_error(name)
+
+
+# ---------------------------------------------------------------------------------------
+# Mask function (transformers >= 4.53): decides once per forward, builds nothing
+# ---------------------------------------------------------------------------------------
+def _closure_vars(fn: Callable) -> dict[str, Any]:
+    code = getattr(fn, "__code__", None)
+    cells = getattr(fn, "__closure__", None) or ()
+    if code is None:
+        return {}
+    out = {}
+    for var, cell in zip(code.co_freevars, cells):
+        try:
+            out[var] = cell.cell_contents
+        except ValueError:  # empty cell
+            pass
+    return out
+
+
+def _mask_leaves(fn: Callable, out: list[tuple[str, Any]], depth: int = 0) -> None:
+    """Flatten transformers' mask-function combinators into (kind, detail) leaves. Unknown
+    functions become ("unknown", qualname): the caller rejects them."""
+    mu = _masking_utils
+    if depth > 16:
+        out.append(("unknown", "deeply nested mask functions"))
+        return
+    if fn is getattr(mu, "causal_mask_function", None):
+        out.append(("causal", None))
+        return
+    if fn is getattr(mu, "bidirectional_mask_function", None):
+        out.append(("bidirectional", None))
+        return
+    qualname = getattr(fn, "__qualname__", type(fn).__name__)
+    outer = qualname.split(".<locals>.")[0] if ".<locals>." in qualname else ""
+    free = _closure_vars(fn)
+    if outer in ("and_masks", "or_masks"):
+        if outer == "or_masks":
+            out.append(("or", None))
+        for f in free.get("mask_functions", ()):
+            _mask_leaves(f, out, depth + 1)
+    elif outer == "sliding_window_overlay":
+        out.append(("sliding", free.get("sliding_window")))
+    elif outer == "sliding_window_bidirectional_overlay":
+        out.append(("sliding_bidirectional", free.get("sliding_window")))
+    elif outer == "chunked_overlay":
+        out.append(("chunked", free.get("chunk_size")))
+    elif outer == "packed_sequence_mask_function":
+        out.append(("packed", free.get("packed_sequence_mask")))
+    elif outer == "remap_positions_for_packed_sequence":  # goes with packed_sequence_mask_function
+        if "mask_function" in free:
+            _mask_leaves(free["mask_function"], out, depth + 1)
+        else:
+            out.append(("unknown", qualname))
+    elif outer == "blockwise_overlay":
+        out.append(("block", None))
+    elif outer == "padding_mask_function":
+        out.append(("padding", None))
+    else:
+        out.append(("unknown", qualname))
+
+
+def _as_int(x: Any) -> int:
+    return int(x.item()) if isinstance(x, Tensor) else int(x)
+
+
+@torch.compiler.disable
+def _mask_function(
+    name: str,
+    batch_size: Optional[int] = None,
+    q_length: Optional[int] = None,
+    kv_length: Optional[int] = None,
+    q_offset: Any = 0,
+    kv_offset: Any = 0,
+    mask_function: Optional[Callable] = None,
+    attention_mask: Optional[Tensor] = None,
+    cache_position: Optional[Tensor] = None,
+    **kwargs: Any,
+) -> None:
+    """transformers' mask-interface signature (>= 5: ``q_length``/``q_offset``; 4.53-4.5x:
+    ``cache_position``). Returns ``None`` (no mask: the attention function's causal flag does
+    it) when the requested mask is plain causal or bidirectional; raises otherwise.
+
+    It inspects transformers' mask-function closures, which TorchDynamo cannot trace, so it
+    always runs eagerly (under ``torch.compile``: one graph break per forward, where the mask
+    is built)."""
+    if q_length is None:
+        if cache_position is not None:
+            q_length = int(cache_position.shape[0])
+            q_offset = cache_position[0] if q_length > 0 else 0
+        else:
+            q_length, q_offset = kv_length, kv_offset
+    if kv_length is None:
+        kv_length = q_length
+    leaves: list[tuple[str, Any]] = []
+    if mask_function is not None:
+        _mask_leaves(mask_function, leaves)
+    else:
+        leaves.append(("causal", None))
+    # Eager transformers adds the packed-sequence leaf only for really packed rows; while
+    # compiling it always adds it, so read its sequence ids (a graph break, only then).
+    packed_ids = [d for k, d in leaves if k == "packed"]
+    if packed_ids and all(isinstance(t, Tensor) and bool((t[:, -1] == 0).all()) for t in packed_ids):
+        leaves = [(k, d) for k, d in leaves if k != "packed"]
+    kinds = {k for k, _ in leaves}
+    if "packed" in kinds:
+        raise _unsupported(
+            name, "packed sequences (varlen)",
+            "transformers detected several sequences packed into one row (position_ids restart)",
+            "pad to a batch of separate sequences without padding tokens, or use attn_implementation='sdpa'",
+        )
+    if "chunked" in kinds:
+        size = next(d for k, d in leaves if k == "chunked")
+        raise _unsupported(name, "chunked attention", f"attention_chunk_size={size}", "use attn_implementation='sdpa'")
+    if "block" in kinds:
+        raise _unsupported(
+            name, "block-wise bidirectional masks", "block_sequence_ids were given", "use attn_implementation='sdpa'"
+        )
+    if "padding" in kinds:
+        raise _unsupported(name, "a padding mask", "the mask function includes a padding mask",
+                           "use attn_implementation='sdpa'")
+    unknown = [d for k, d in leaves if k == "unknown"]
+    if unknown or "or" in kinds or len(kinds & {"causal", "bidirectional"}) != 1:
+        what = unknown[0] if unknown else "a union (or_mask_function) of masks"
+        raise _unsupported(
+            name, "a custom mask pattern", f"mask function {what}",
+            "DASH computes only the plain causal or full mask; use attn_implementation='sdpa' or 'flex_attention'",
+        )
+    causal = "causal" in kinds
+    q_off, kv_off = _as_int(q_offset), _as_int(kv_offset)
+    last_q = q_off + q_length - 1
+    for kind, window in leaves:
+        if kind == "sliding" and window is not None:
+            active = last_q - kv_off >= window  # keeps kv_idx > q_idx - window
+        elif kind == "sliding_bidirectional" and window is not None:
+            active = max(last_q - kv_off, kv_off + kv_length - 1 - q_off) > window
+        else:
+            continue
+        if active:
+            raise _unsupported(
+                name, "sliding-window attention",
+                f"sliding_window={window} is shorter than the {kv_length} keys of this forward",
+                "use sequences no longer than the window, or attn_implementation='sdpa'",
+            )
+    if attention_mask is not None:
+        if attention_mask.dim() != 2:
+            raise ValueError(f"expected a 2D padding mask, got shape {tuple(attention_mask.shape)}")
+        seen = attention_mask[:, kv_off : kv_off + kv_length]
+        if not bool((seen if seen.dtype == torch.bool else seen != 0).all()):
+            raise _unsupported(
+                name, "a padding mask",
+                f"attention_mask (shape {tuple(attention_mask.shape)}) has padded (zero) positions",
+                "batch sequences of equal length without padding tokens, or use attn_implementation='sdpa'",
+            )
+    if causal and q_off - kv_off != kv_length - q_length:
+        raise _unsupported(
+            name, "a KV cache longer than the tokens it holds (e.g. StaticCache)",
+            f"{q_length} queries at position {q_off} against {kv_length} key slots from position {kv_off}",
+            "use the default DynamicCache, or attn_implementation='sdpa'",
+        )
+    return None
+
+
+# ---------------------------------------------------------------------------------------
+# Attention function
+# ---------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """What :func:`register` bound to a name."""
+
+    name: str
+    deterministic: Optional[bool]
+    schedule: str
+
+
+def _autocast_dtype(device_type: str) -> Optional[torch.dtype]:
+    try:
+        enabled = torch.is_autocast_enabled(device_type)
+    except TypeError:  # pragma: no cover - torch < 2.4
+        enabled = torch.is_autocast_enabled() if device_type == "cuda" else torch.is_autocast_cpu_enabled()
+    if not enabled:
+        return None
+    try:
+        return torch.get_autocast_dtype(device_type)
+    except AttributeError:  # pragma: no cover - torch < 2.4
+        return torch.get_autocast_gpu_dtype() if device_type == "cuda" else torch.get_autocast_cpu_dtype()
+
+
+def _needs_copy(t: Tensor, check_pointer: bool) -> bool:
+    """DASH reads (batch, seqlen, heads, head_dim) views with a unit last stride and 16-byte
+    aligned strides/base; copy only a view that breaks that."""
+    if t.stride(-1) != 1:
+        return True
+    elem = t.element_size()
+    if any((s * elem) % 16 for s, n in zip(t.stride()[:3], t.shape[:3]) if n > 1):
+        return True
+    return check_pointer and t.data_ptr() % 16 != 0
+
+
+def attention_forward(
+    module: torch.nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Optional[Tensor],
+    dropout: float = 0.0,
+    scaling: Optional[float] = None,
+    is_causal: Optional[bool] = None,
+    sliding_window: Any = None,
+    softcap: Optional[float] = None,
+    *,
+    settings: Settings = Settings("dash", None, "auto"),
+    **kwargs: Any,
+) -> tuple[Tensor, None]:
+    """transformers' attention-function signature: query (B, Hq, Sq, D), key/value
+    (B, Hk, Sk, D) -> (attn_output (B, Sq, Hq, D), None). :func:`register` binds ``settings``."""
+    name = settings.name
+    seqlen_q, seqlen_k = query.shape[-2], key.shape[-2]
+    if dropout and float(dropout) > 0.0:
+        raise _unsupported(
+            name, "attention dropout", f"dropout={dropout} (the model's attention_dropout, in training mode)",
+            "set config.attention_dropout=0.0",
+        )
+    if softcap not in (None, 0, 0.0):
+        raise _unsupported(name, "softcapping", f"softcap={softcap}", "use attn_implementation='eager' or 'sdpa'")
+    if sliding_window is not None:
+        window = tuple(sliding_window) if isinstance(sliding_window, (tuple, list)) else (sliding_window,)
+        if any(isinstance(w, numbers.Integral) and 0 <= int(w) < seqlen_k for w in window):
+            raise _unsupported(
+                name, "sliding-window attention", f"sliding_window={sliding_window} with {seqlen_k} keys",
+                "use sequences no longer than the window, or attn_implementation='sdpa'",
+            )
+    for kw in _VARLEN_KWARGS:
+        if kwargs.get(kw) is not None:
+            raise _unsupported(
+                name, "packed sequences (varlen)", f"{kw} was given (e.g. by DataCollatorWithFlattening)",
+                "pad to a batch of separate sequences without padding tokens; flash_attn_varlen_func is not "
+                "supported yet",
+            )
+    for kw, feature in _OTHER_UNSUPPORTED_KWARGS.items():
+        if kwargs.get(kw) is not None:
+            raise _unsupported(name, feature, f"{kw} was given", "use attn_implementation='eager' or 'sdpa'")
+    output_attentions = kwargs.get("output_attentions")
+    if output_attentions is None:
+        output_attentions = getattr(getattr(module, "config", None), "output_attentions", False)
+    if output_attentions:
+        raise _unsupported(
+            name, "output_attentions=True", "DASH never materialises the attention probabilities",
+            "use attn_implementation='eager' for the forwards that need them",
+        )
+
+    causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
+    causal = _mask_decides_causal(name, attention_mask, causal, seqlen_q, seqlen_k)
+    _check_position_ids(name, kwargs.get("position_ids"), seqlen_q)
+
+    # Layout: (B, H, S, D) -> (B, S, H, D) views; a copy only when DASH could not read the view.
+    q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
+    target = _autocast_dtype(q.device.type)
+    if target is not None and target in (torch.bfloat16, torch.float16):
+        q, k, v = (t.to(target) if t.dtype == torch.float32 else t for t in (q, k, v))
+    check_pointer = not _compiling()
+    q, k, v = (t.contiguous() if _needs_copy(t, check_pointer) else t for t in (q, k, v))
+    out = _dash_interface.flash_attn_func(
+        q, k, v, softmax_scale=scaling, causal=causal, deterministic=settings.deterministic,
+        schedule=settings.schedule,
+    )
+    return out, None
+
+
+# ---------------------------------------------------------------------------------------
+# Registration
+# ---------------------------------------------------------------------------------------
+_registered: dict[str, tuple[Settings, Callable, Callable]] = {}
+
+
+def register(name: str = "dash", deterministic: Optional[bool] = None, schedule: str = "auto") -> str:
+    """Register DASH with transformers as ``attn_implementation=name``; returns ``name``.
+
+    deterministic: None follows ``torch.are_deterministic_algorithms_enabled()`` at each call
+        (DASH's rule); True makes every backward bitwise reproducible; False never.
+    schedule: the deterministic reduction schedule (see ``python -m dash simulate``).
+
+    Idempotent: registering a name again replaces its settings (the last call wins). Must run
+    before ``from_pretrained``/``from_config``/``set_attn_implementation`` use the name, as
+    transformers rejects names it does not know."""
+    attention_interface, mask_interface = _interfaces()
+    _check_name(name)
+    if deterministic is not None and not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic must be None or a bool, got {deterministic!r}")
+    if schedule not in _dash_interface.SCHEDULE_NAMES:
+        raise ValueError(f"schedule={schedule!r} is unknown; choose one of {', '.join(_dash_interface.SCHEDULE_NAMES)}")
+    if schedule != "auto" and schedule not in _dash_interface.KERNEL_SCHEDULES:
+        raise NotImplementedError(
+            f"schedule={schedule!r} is modelled (python -m dash simulate) but not implemented by the kernel yet; "
+            f"implemented: {', '.join(_dash_interface.KERNEL_SCHEDULES)}"
+        )
+    settings = Settings(name, deterministic, schedule)
+    previous = _registered.get(name)
+    if previous is not None and previous[0] == settings:
+        attn, mask = previous[1], previous[2]
+    else:
+        attn = functools.partial(attention_forward, settings=settings)
+        functools.update_wrapper(attn, attention_forward)
+        attn.__name__ = f"dash_attention_forward[{name}]"  # type: ignore[attr-defined]
+        attn.dash_settings = settings  # type: ignore[attr-defined]
+        mask = functools.partial(_mask_function, name)
+        functools.update_wrapper(mask, _mask_function)
+        mask.dash_settings = settings  # type: ignore[attr-defined]
+    attention_interface.register(name, attn)
+    if mask_interface is not None:
+        mask_interface.register(name, mask)
+    _registered[name] = (settings, attn, mask)
+    return name
+
+
+def registered_names() -> dict[str, Settings]:
+    """The names this module registered, with their settings."""
+    return {n: s for n, (s, _, _) in _registered.items()}
+
+
+register()

@@ -6,30 +6,49 @@ Environment:
     DASH_HDIMS=64,128          head dims to compile (default: all in dash/config.py)
     DASH_DTYPES=bf16,fp16      element types to compile (default: both)
     DASH_CUTLASS_DIR=/path     a CUTLASS checkout (its include/ is used) instead of nvidia-cutlass
-    DASH_SKIP_CUDA_BUILD=1     install the pure-Python parts only
+    DASH_SKIP_CUDA_BUILD=1     install the pure-Python parts only, even where the kernels could be built
+    CUDA_HOME=/path            the CUDA toolkit root (the folder holding bin/nvcc and include/);
+                               default: found from nvcc on PATH, also behind a wrapper script
     MAX_JOBS=N                 parallel compile jobs (default: from cores and free memory)
+
+What gets built, and why not:
+  * no torch with CUDA, or no CUDA toolkit       -> pure-Python install, one line saying why;
+  * CUDA torch + toolkit, but the compile fails  -> the install FAILS, the compiler's first
+                                                    error on top (never a silent fallback);
+  * built                                         -> dash/_C and dash/_build_manifest.json, in
+                                                    the installed package and beside the sources
+                                                    (so `python -m dash` run from this folder
+                                                    uses the same kernels).
 """
 
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from setuptools import find_packages, setup
+from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 from dash import config as dash_config  # noqa: E402  (pure Python, no torch)
+from dash._sources import sources_digest  # noqa: E402  (pure Python)
 
-MANIFEST = ROOT / "dash" / "_build_manifest.json"
+MANIFEST_NAME = "_build_manifest.json"
 GENERATED_HEADER = ROOT / "csrc" / "generated" / "bwd_config.h"
 DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16"}
 # nvcc peaks at about 2 GB per CuTe translation unit.
 GB_PER_COMPILE_JOB = 2.5
+#: Schedules every translation unit implements (BwdScheduleKind in csrc/schedule/schedule.h).
+KERNEL_SCHEDULES = ["fa3", "interleaved", "descending", "shift"]
 
 
 def _git_commit() -> str:
@@ -70,10 +89,62 @@ def _cutlass_include() -> Path:
     return inc
 
 
-def _pip_cuda_includes(cuda_home: str) -> list[str]:
+# ---------------------------------------------------------------------------------------------
+# The CUDA toolkit
+# ---------------------------------------------------------------------------------------------
+def _toolkit_headers(root: Path) -> Path | None:
+    """The folder holding cuda_runtime.h of a toolkit root, or None."""
+    for inc in [root / "include", *sorted(root.glob("targets/*/include"))]:
+        if (inc / "cuda_runtime.h").exists():
+            return inc
+    return None
+
+
+def _nvcc_home(nvcc: Path) -> Path | None:
+    """The real toolkit root of an nvcc, also when `nvcc` is a wrapper script or a symlink:
+    nvcc itself reports where it lives (its `_HERE_` in a dry run)."""
+    try:
+        proc = subprocess.run([str(nvcc), "--dryrun", "-x", "cu", "-c", os.devnull, "-o", os.devnull],
+                              capture_output=True, text=True, timeout=60)
+    except Exception:
+        return None
+    m = re.search(r"^#\$ _HERE_=(.+)$", proc.stdout + proc.stderr, re.M)
+    return Path(m.group(1).strip()).resolve().parent if m else None
+
+
+def _resolve_cuda_home() -> tuple[Path | None, str]:
+    """(toolkit root, "") when a usable toolkit is found, else (None, why not)."""
+    env = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    candidates: list[tuple[str, Path]] = []
+    if env:
+        candidates.append(("CUDA_HOME", Path(env)))
+    nvcc_on_path = shutil.which("nvcc")
+    if nvcc_on_path:
+        candidates.append(("nvcc on PATH", Path(nvcc_on_path).parent.parent))
+    candidates.append(("default", Path("/usr/local/cuda")))
+    found = []
+    for origin, root in candidates:
+        nvcc = root / "bin" / "nvcc"
+        if not nvcc.exists():
+            if origin == "CUDA_HOME":
+                return None, f"CUDA_HOME={env} has no bin/nvcc (set CUDA_HOME to the toolkit root)"
+            continue
+        if _toolkit_headers(root) is not None:
+            return root.resolve(), ""
+        real = _nvcc_home(nvcc)
+        if real is not None and _toolkit_headers(real) is not None:
+            return real, ""
+        found.append(f"{nvcc} ({origin}) belongs to {real or root}, which has no include/cuda_runtime.h")
+    if found:
+        return None, "no usable CUDA toolkit: " + "; ".join(found) + " (set CUDA_HOME to a full toolkit root)"
+    return None, "no CUDA toolkit found: no nvcc on PATH and no CUDA_HOME (set CUDA_HOME to the toolkit root)"
+
+
+def _pip_cuda_includes(cuda_home: Path) -> list[str]:
     """torch's CUDA headers include cuSPARSE/cuBLAS headers. A minimal toolkit (nvcc and the
     runtime only) lacks them; the nvidia-* wheels torch depends on ship them."""
-    if (Path(cuda_home) / "include" / "cusparse.h").exists():
+    inc = _toolkit_headers(cuda_home)
+    if inc is not None and (inc / "cusparse.h").exists():
         return []
     try:
         import nvidia
@@ -100,34 +171,41 @@ def _max_jobs() -> int:
     return max(1, min(cores, int(avail_gb // GB_PER_COMPILE_JOB)))
 
 
-def _why_no_kernels() -> str | None:
-    """Return None when the extension can be built, else the reason it cannot."""
+def _why_no_kernels() -> tuple[str | None, Path | None]:
+    """(None, toolkit root) when the extension can be built, else (the reason, None)."""
     if os.environ.get("DASH_SKIP_CUDA_BUILD", "0") not in ("", "0"):
-        return "DASH_SKIP_CUDA_BUILD is set"
+        return "DASH_SKIP_CUDA_BUILD is set", None
     try:
         import torch
-        from torch.utils.cpp_extension import CUDA_HOME
     except ImportError:
-        return "torch is not importable in the build environment (install torch first and use pip install --no-build-isolation .)"
+        return ("torch is not importable in the build environment (install torch first and use "
+                "pip install --no-build-isolation .)"), None
     if torch.version.cuda is None:
-        return f"torch {torch.__version__} has no CUDA support"
-    if CUDA_HOME is None or not (Path(CUDA_HOME) / "bin" / "nvcc").exists():
-        return "no CUDA toolkit found (set CUDA_HOME to the folder holding bin/nvcc)"
+        return f"torch {torch.__version__} has no CUDA support", None
+    root, why = _resolve_cuda_home()
+    if root is None:
+        return why, None
     try:
         _cutlass_include()
     except RuntimeError as e:
-        return str(e)
-    return None
+        return str(e), None
+    return None, root
 
 
-def _write_manifest(kernels_built: bool, reason: str | None, hdims: list[int], dtypes: list[str], cutlass: str) -> None:
+# ---------------------------------------------------------------------------------------------
+# The build manifest: what was compiled (dash._ext reads it; python -m dash info shows it)
+# ---------------------------------------------------------------------------------------------
+def _manifest(kernels_built: bool, reason: str | None, hdims: list[int], dtypes: list[str], cutlass: str,
+              cuda_home: Path | None) -> dict:
     info = {
         "kernels_built": kernels_built,
         "reason_not_built": reason,
         "head_dims": hdims if kernels_built else [],
         "dtypes": [DTYPE_NAMES[d] for d in dtypes] if kernels_built else [],
+        "schedules": KERNEL_SCHEDULES if kernels_built else [],
         "arch": "sm_90a" if kernels_built else None,
         "git_commit": _git_commit(),
+        "sources_digest": sources_digest(ROOT),
         "built_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "python": sys.version.split()[0],
         "cutlass": cutlass,
@@ -140,26 +218,73 @@ def _write_manifest(kernels_built: bool, reason: str | None, hdims: list[int], d
     except ImportError:
         info["torch"] = None
         info["torch_cuda"] = None
-    if kernels_built:
-        from torch.utils.cpp_extension import CUDA_HOME
-
-        nvcc = subprocess.run([str(Path(CUDA_HOME) / "bin" / "nvcc"), "--version"], capture_output=True, text=True)
+    if kernels_built and cuda_home is not None:
+        nvcc = subprocess.run([str(cuda_home / "bin" / "nvcc"), "--version"], capture_output=True, text=True)
         info["nvcc"] = nvcc.stdout.strip().splitlines()[-1] if nvcc.returncode == 0 else "unknown"
-    MANIFEST.write_text(json.dumps(info, indent=2) + "\n")
+        info["cuda_home"] = str(cuda_home)
+    return info
+
+
+def _write_manifest(info: dict, *folders: Path) -> None:
+    for folder in folders:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / MANIFEST_NAME).write_text(json.dumps(info, indent=2) + "\n")
+
+
+def _clear_source_tree_artifacts() -> None:
+    """Remove a previous build's kernels and manifest from the source folder, so that nothing
+    there claims kernels this build did not make (a failed build leaves none)."""
+    for path in [ROOT / "dash" / MANIFEST_NAME, *(ROOT / "dash").glob("_C.*.so"), *(ROOT / "dash").glob("_C.so")]:
+        try:
+            path.unlink()
+        except (FileNotFoundError, PermissionError):
+            pass
+
+
+_FIRST_ERROR_RE = re.compile(r"(?i)(\berror\b|#error|fatal)")
+_NOT_THE_ERROR = ("ninja: build stopped", "Error compiling objects", "subprocess.CalledProcessError", "FAILED:")
+
+
+def first_compiler_error(log: str) -> str:
+    """The first line of a compiler log that reports an error (the cause, not ninja's summary)."""
+    for line in log.splitlines():
+        if _FIRST_ERROR_RE.search(line) and not any(s in line for s in _NOT_THE_ERROR):
+            return line.strip()
+    return "(no compiler error line found; see the log above)"
+
+
+class _BuildPy(build_py):
+    """Writes the manifest of a pure-Python install (the kernels' build_ext writes its own)."""
+
+    def run(self) -> None:
+        super().run()
+        if not self.distribution.ext_modules:
+            info = _manifest(False, PURE_PYTHON_REASON, [], [], "", None)
+            _write_manifest(info, Path(self.build_lib) / "dash", ROOT / "dash")
+
+
+PURE_PYTHON_REASON: str | None = None
 
 
 def _extension_kwargs() -> dict:
-    reason = _why_no_kernels()
+    global PURE_PYTHON_REASON
+    reason, cuda_home = _why_no_kernels()
     all_hdims = [str(d) for d in dash_config.SUPPORTED_HEAD_DIMS]
     hdims = [int(d) for d in _selected("DASH_HDIMS", all_hdims)]
     dtypes = _selected("DASH_DTYPES", list(DTYPE_NAMES))
+    _clear_source_tree_artifacts()
     if reason is not None:
+        PURE_PYTHON_REASON = reason
         print(f"DASH: CUDA kernels NOT built ({reason}); installing the pure-Python parts only.", flush=True)
-        _write_manifest(False, reason, [], [], cutlass="")
-        return {}
+        return {"cmdclass": {"build_py": _BuildPy}}
 
-    from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CUDAExtension
+    import torch.utils.cpp_extension as cpp_ext
+    from torch.utils.cpp_extension import BuildExtension, CUDAExtension
 
+    # torch guessed its CUDA_HOME at import (the folder above `nvcc` on PATH, which may be a
+    # wrapper's); build with the real toolkit root found above.
+    os.environ["CUDA_HOME"] = str(cuda_home)
+    cpp_ext.CUDA_HOME = str(cuda_home)
     # Only Hopper's sm_90a: WGMMA and setmaxnreg do not exist elsewhere.
     os.environ["TORCH_CUDA_ARCH_LIST"] = "9.0a"
     os.environ["MAX_JOBS"] = str(_max_jobs())
@@ -169,24 +294,81 @@ def _extension_kwargs() -> dict:
     sources = ["csrc/torch_binding.cpp", "csrc/bwd_dispatch.cpp"]
     sources += [f"csrc/instantiations/bwd_hdim{d}_{t}.cu" for d in hdims for t in dtypes]
     defines = [f"-DDASH_BUILD_HDIM{d}" for d in hdims] + [f"-DDASH_BUILD_{t.upper()}" for t in dtypes]
+    # No -std flag: torch's BuildExtension adds the C++ standard its own headers need
+    # (C++17 up to torch 2.13, C++20 from 2.14), for the host compiler and nvcc alike.
     nvcc_flags = [
         "-O3",
-        "-std=c++17",
         "--expt-relaxed-constexpr",
         "-DNDEBUG",
         "-lineinfo",  # source lines in ncu / compute-sanitizer reports, no runtime cost
         *defines,
     ]
-    print(f"DASH: building kernels for head dims {hdims}, dtypes {dtypes}, sm_90a, "
-          f"MAX_JOBS={os.environ['MAX_JOBS']}, CUTLASS {cutlass_inc}", flush=True)
-    _write_manifest(True, None, hdims, dtypes, cutlass=str(cutlass_inc))
+    print(f"DASH: building kernels for head dims {hdims}, dtypes {dtypes}, sm_90a, torch {torch_version()}, "
+          f"CUDA toolkit {cuda_home}, MAX_JOBS={os.environ['MAX_JOBS']}, CUTLASS {cutlass_inc}", flush=True)
+    manifest = _manifest(True, None, hdims, dtypes, str(cutlass_inc), cuda_home)
+
+    class _BuildExt(BuildExtension):
+        """Builds the kernels; on failure, the install fails with the compiler's first error
+        on top (and again at the end) instead of a wall of ninja output; on success writes
+        the manifest and places the kernels beside the sources too."""
+
+        def build_extensions(self) -> None:
+            log = tempfile.TemporaryFile()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            saved = os.dup(1), os.dup(2)
+            os.dup2(log.fileno(), 1)
+            os.dup2(log.fileno(), 2)
+            failure = None
+            try:
+                super().build_extensions()
+            except Exception as e:  # the compiler's own messages are in the log
+                failure = e
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os.dup2(saved[0], 1)
+                os.dup2(saved[1], 2)
+                os.close(saved[0])
+                os.close(saved[1])
+            log.seek(0)
+            text = log.read().decode(errors="replace")
+            if failure is not None:
+                first = first_compiler_error(text)
+                sys.stderr.write(f"DASH: building the CUDA kernels failed. First compiler error:\n    {first}\n"
+                                 f"(torch {torch_version()}, CUDA toolkit {cuda_home}; the full log follows)\n\n")
+                sys.stderr.write(text)
+                sys.stderr.write(f"\nDASH: building the CUDA kernels failed: {first}\n"
+                                 "Fix the cause, or install without kernels: DASH_SKIP_CUDA_BUILD=1 pip install "
+                                 "--no-build-isolation .\n")
+                sys.stderr.flush()
+                raise SystemExit(f"DASH kernel build failed: {first}")
+            sys.stdout.write(text)
+            built = Path(self.get_ext_fullpath("dash._C"))
+            targets = [built.parent]
+            source_pkg = ROOT / "dash"
+            if built.parent.resolve() != source_pkg.resolve():
+                try:
+                    shutil.copy2(built, source_pkg / built.name)
+                    targets.append(source_pkg)
+                except OSError as e:
+                    print(f"DASH: could not place the kernels beside the sources ({e})")
+            _write_manifest(manifest, *targets)
+
     ext = CUDAExtension(
         name="dash._C",
         sources=sources,
-        include_dirs=[str(ROOT / "csrc"), str(cutlass_inc), *_pip_cuda_includes(CUDA_HOME)],
-        extra_compile_args={"cxx": ["-O3", "-std=c++17", *defines], "nvcc": nvcc_flags},
+        include_dirs=[str(ROOT / "csrc"), str(cutlass_inc), *_pip_cuda_includes(cuda_home)],
+        extra_compile_args={"cxx": ["-O3", *defines], "nvcc": nvcc_flags},
     )
-    return {"ext_modules": [ext], "cmdclass": {"build_ext": BuildExtension.with_options(use_ninja=True)}}
+    return {"ext_modules": [ext], "cmdclass": {"build_ext": _BuildExt.with_options(use_ninja=True),
+                                                "build_py": _BuildPy}}
+
+
+def torch_version() -> str:
+    import torch
+
+    return torch.__version__
 
 
 setup(
@@ -194,9 +376,10 @@ setup(
     version="0.1.0",
     description="Deterministic FlashAttention-3-compatible attention backward for Hopper (DASH schedules)",
     packages=find_packages(include=["dash", "dash.*"]),
-    package_data={"dash": ["_build_manifest.json"]},
+    package_data={"dash": [MANIFEST_NAME]},
     python_requires=">=3.10",
     install_requires=["numpy"],
-    extras_require={"plot": ["matplotlib"], "test": ["pytest", "hypothesis", "matplotlib"]},
+    extras_require={"plot": ["matplotlib>=3.7"], "test": ["pytest", "hypothesis", "matplotlib>=3.7"],
+                    "transformers": ["transformers"]},
     **_extension_kwargs(),
 )

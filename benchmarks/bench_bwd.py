@@ -4,10 +4,13 @@
     python benchmarks/bench_bwd.py --hdim 128 --causal  # a subset
     python benchmarks/bench_bwd.py --plot out.png       # also draw the table
 
-Modes: DASH non-deterministic, DASH deterministic (fa3 order), torch cuDNN SDPA backward,
-torch flash SDPA backward, and upstream FA3 when `flash_attn_interface` is importable.
-Prints TFLOP/s and the ratio to torch cuDNN (measured in the same run), and writes
-benchmarks/results/<date>-<gpu>-bwd.json with every number.
+Modes (dash.bench.available_modes): DASH's kernels alone — non-deterministic (auto and fa3
+order), deterministic per kernel schedule (fa3, interleaved, descending, shift) and auto; the
+path users call — flash_attn_func + torch.autograd.grad, deterministic (auto) and not; torch
+cuDNN and flash SDPA backward; upstream FA3 and FA4 (deterministic and not, through their own
+forward) when importable. Prints TFLOP/s and the ratio to torch cuDNN (measured in the same
+run), the paired ratios the targets are stated in, the model's ranking of the schedules
+against the measured one, and writes benchmarks/results/<date>-<gpu>-<tag>.json.
 """
 
 from __future__ import annotations
@@ -73,13 +76,18 @@ def main(argv: list[str] | None = None) -> int:
     payload = bench.results_payload(rows, modes, {"iters": args.iters, "warmup": args.warmup, "argv": sys.argv[1:]})
     print("\nGeometric means over rows (ratio to torch_cudnn, same run):")
     for m, s in payload["summary"].items():
-        print(f"  {m:>14}: geomean {s['geomean_vs_torch_cudnn']:.3f}, worst {s['min_vs_torch_cudnn']:.3f} "
+        print(f"  {m:>20}: geomean {s['geomean_vs_torch_cudnn']:.3f}, worst {s['min_vs_torch_cudnn']:.3f} "
               f"({s['rows']} rows)")
-    if "dash_nondet" in modes and "dash_fa3_det" in modes:
-        r = [row.ms["dash_nondet"] / row.ms["dash_fa3_det"] for row in rows
-             if "dash_nondet" in row.ms and "dash_fa3_det" in row.ms]
-        if r:
-            print(f"  dash det / dash non-det: geomean {bench.geomean(r):.3f}, worst {min(r):.3f}")
+    ratios = bench.paired_ratios(rows)
+    payload["ratios"] = ratios
+    for name, r in ratios.items():
+        print(f"  {name}: geomean {r['geomean']:.3f}, worst {r['worst']:.3f} ({r['rows']} rows)")
+    ranking = bench.model_ranking_agreement(rows)
+    payload["model_ranking"] = ranking
+    if ranking["rows"]:
+        print(f"  model vs measured, portable schedules: best schedule agrees on {ranking['best_agrees']} of "
+              f"{ranking['rows']} rows; auto within 3 % of the measured best on {ranking['auto_within_3pct']} rows "
+              f"(worst auto / best {ranking['worst_auto_vs_best']:.3f})")
     for row in rows:
         for m, err in row.errors.items():
             print(f"  error {row.shape.label()} {m}: {err}")

@@ -18,6 +18,12 @@ std::string bwd_built_dtypes();
 // Workspace the caller must allocate (any contents: the preprocess kernel initialises it).
 BwdWorkspaceSizes bwd_workspace_sizes(BwdParams const& params);
 
+// kBlockN of the backward's tiles: columns of a head = ceil(seqlen_k / kBlockN).
+int bwd_block_n(BwdParams const& params);
+
+// (column, Q tile) steps of the whole problem: the number of records a traced run writes.
+int64_t bwd_trace_steps(BwdParams const& params);
+
 // Enqueue preprocess, main and dQ-convert kernels on `stream`. Throws std::runtime_error
 // (naming what was asked and what is built) for an unsupported combination, and on any
 // launch error.

@@ -31,6 +31,20 @@ BwdWorkspaceSizes bwd_workspace_sizes_for(BwdParams const& p) {
   return w;
 }
 
+template <int kHeadDim, bool Is_causal>
+int64_t bwd_trace_steps_for(BwdParams const& p) {
+  using Cfg = BwdTileConfig<kHeadDim, Is_causal>;
+  TileGeometry geo;
+  geo.seqlen_q = p.seqlen_q;
+  geo.seqlen_k = p.seqlen_k;
+  geo.block_m = Cfg::kBlockM;
+  geo.block_n = Cfg::kBlockN;
+  geo.causal = Is_causal;
+  int64_t steps = 0;
+  for (int n = 0; n < geo.num_n_blocks(); ++n) { steps += max_int(geo.m_end(n) - geo.m_begin(n), 0); }
+  return steps * p.num_heads * p.batch;
+}
+
 namespace {
 
 char const* dtype_name(DType t) { return t == DType::kBFloat16 ? "bfloat16" : "float16"; }
@@ -86,6 +100,22 @@ BwdWorkspaceSizes bwd_workspace_sizes(BwdParams const& p) {
   switch (p.head_dim) {
     case 64: return p.causal ? bwd_workspace_sizes_for<64, true>(p) : bwd_workspace_sizes_for<64, false>(p);
     case 128: return p.causal ? bwd_workspace_sizes_for<128, true>(p) : bwd_workspace_sizes_for<128, false>(p);
+    default: not_built(p);
+  }
+}
+
+int bwd_block_n(BwdParams const& p) {
+  switch (p.head_dim) {
+    case 64: return p.causal ? BwdTileConfig<64, true>::kBlockN : BwdTileConfig<64, false>::kBlockN;
+    case 128: return p.causal ? BwdTileConfig<128, true>::kBlockN : BwdTileConfig<128, false>::kBlockN;
+    default: not_built(p);
+  }
+}
+
+int64_t bwd_trace_steps(BwdParams const& p) {
+  switch (p.head_dim) {
+    case 64: return p.causal ? bwd_trace_steps_for<64, true>(p) : bwd_trace_steps_for<64, false>(p);
+    case 128: return p.causal ? bwd_trace_steps_for<128, true>(p) : bwd_trace_steps_for<128, false>(p);
     default: not_built(p);
   }
 }

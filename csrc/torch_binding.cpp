@@ -43,12 +43,22 @@ void check_bshd(Tensor const& t, char const* name) {
   }
 }
 
-std::tuple<Tensor, Tensor, Tensor> bwd_cuda(Tensor const& dout, Tensor const& q, Tensor const& k, Tensor const& v,
-                                            Tensor const& out, Tensor const& softmax_lse, double softmax_scale,
-                                            bool causal, bool deterministic, c10::string_view schedule,
-                                            int64_t sm_margin) {
-  TORCH_CHECK(schedule == "fa3", "dash.bwd: schedule '", std::string(schedule),
-              "' is not implemented by the kernel yet; implemented: fa3");
+dash::BwdScheduleKind parse_schedule(c10::string_view schedule) {
+  if (schedule == "fa3") return dash::BwdScheduleKind::kFa3;
+  if (schedule == "interleaved") return dash::BwdScheduleKind::kInterleaved;
+  if (schedule == "descending") return dash::BwdScheduleKind::kDescending;
+  if (schedule == "shift") return dash::BwdScheduleKind::kShift;
+  TORCH_CHECK(false, "dash.bwd: schedule '", std::string(schedule),
+              "' is not implemented by the kernel; implemented: fa3, interleaved, descending, shift");
+}
+
+// The backward; with `trace`, also the per-step trace as an int64 (steps, 8) tensor of
+// dash::BwdTraceRecord rows (unwritten rows stay -1).
+std::tuple<Tensor, Tensor, Tensor, Tensor> run_backward(Tensor const& dout, Tensor const& q, Tensor const& k,
+                                                        Tensor const& v, Tensor const& out, Tensor const& softmax_lse,
+                                                        double softmax_scale, bool causal, bool deterministic,
+                                                        c10::string_view schedule, int64_t sm_margin, bool trace) {
+  dash::BwdScheduleKind const kind = parse_schedule(schedule);
   for (auto const* t : {&dout, &q, &k, &v, &out}) {
     TORCH_CHECK(t->is_cuda(), "dash.bwd: all tensors must be on a CUDA device");
     TORCH_CHECK(t->scalar_type() == q.scalar_type(), "dash.bwd: q, k, v, out, dout must share one dtype");
@@ -65,13 +75,16 @@ std::tuple<Tensor, Tensor, Tensor> bwd_cuda(Tensor const& dout, Tensor const& q,
   TORCH_CHECK(k.sizes() == v.sizes(), "dash.bwd: k and v must have the same shape");
   TORCH_CHECK(k.size(0) == batch && k.size(3) == head_dim, "dash.bwd: k must be (batch, seqlen_k, heads_k, head_dim)");
   TORCH_CHECK(out.sizes() == q.sizes() && dout.sizes() == q.sizes(), "dash.bwd: out and dout must have q's shape");
-  TORCH_CHECK(heads % heads_k == 0, "dash.bwd: heads of q (", heads, ") must be divisible by heads of k/v (", heads_k, ")");
+  TORCH_CHECK(heads_k > 0 && heads % heads_k == 0, "dash.bwd: heads of q (", heads,
+              ") must be divisible by heads of k/v (", heads_k, ")");
   TORCH_CHECK(batch > 0 && seqlen_q > 0 && seqlen_k > 0 && heads > 0, "dash.bwd: empty inputs are not supported");
   TORCH_CHECK(softmax_lse.scalar_type() == at::kFloat && softmax_lse.dim() == 3 && softmax_lse.size(0) == batch &&
                   softmax_lse.size(1) == heads && softmax_lse.size(2) == seqlen_q && softmax_lse.stride(2) == 1,
               "dash.bwd: softmax_lse must be float32 (batch, heads, seqlen_q) with unit seqlen stride");
   TORCH_CHECK(softmax_lse.device() == q.device(), "dash.bwd: softmax_lse must be on q's device");
   TORCH_CHECK(seqlen_q < (1 << 30) && seqlen_k < (1 << 30), "dash.bwd: sequence too long");
+  TORCH_CHECK(batch <= 65535 && heads <= 65535, "dash.bwd: batch (", batch, ") and heads (", heads,
+              ") must each be at most 65535");
 
   c10::cuda::CUDAGuard device_guard(q.device());
   auto const* props = at::cuda::getCurrentDeviceProperties();
@@ -94,10 +107,27 @@ std::tuple<Tensor, Tensor, Tensor> bwd_cuda(Tensor const& dout, Tensor const& q,
 
   Tensor dq = at::empty_like(q);
   bool const gqa = heads != heads_k;
-  // GQA: the kernel writes one dK/dV per query head; the group sum below is a fixed-order
-  // fp32 reduction, so it keeps the result deterministic.
-  Tensor dk_heads = gqa ? at::empty({batch, seqlen_k, heads, head_dim}, k.options()) : at::empty_like(k);
-  Tensor dv_heads = gqa ? at::empty({batch, seqlen_k, heads, head_dim}, v.options()) : at::empty_like(v);
+  Tensor dk, dv, dk_accum, dv_accum, dkv_semaphore;
+  if (gqa) {
+    // The kernel reduce-adds every query head's dK/dV into fp32 accumulators of its KV
+    // head (in query-head order when deterministic); one cast at the end.
+    auto const f32 = k.options().dtype(at::kFloat);
+    dk_accum = at::zeros({batch, seqlen_k, heads_k, head_dim}, f32);
+    dv_accum = at::zeros({batch, seqlen_k, heads_k, head_dim}, f32);
+    int64_t const block_n = dash::bwd_block_n(p);
+    dkv_semaphore = at::zeros({batch * heads_k * ((seqlen_k + block_n - 1) / block_n)}, k.options().dtype(at::kInt));
+    p.dk_accum = dk_accum.data_ptr<float>();
+    p.dv_accum = dv_accum.data_ptr<float>();
+    p.dkv_accum_strides = bshd_strides(dk_accum);
+    p.dkv_semaphore = dkv_semaphore.data_ptr<int>();
+  } else {
+    dk = at::empty_like(k);
+    dv = at::empty_like(v);
+    p.dk = dk.data_ptr();
+    p.dv = dv.data_ptr();
+    p.dk_strides = bshd_strides(dk);
+    p.dv_strides = bshd_strides(dv);
+  }
 
   p.q = q.data_ptr();
   p.k = k.data_ptr();
@@ -110,18 +140,16 @@ std::tuple<Tensor, Tensor, Tensor> bwd_cuda(Tensor const& dout, Tensor const& q,
   p.out_strides = bshd_strides(out);
   p.dout_strides = bshd_strides(dout);
   p.dq = dq.data_ptr();
-  p.dk = dk_heads.data_ptr();
-  p.dv = dv_heads.data_ptr();
   p.dq_strides = bshd_strides(dq);
-  p.dk_strides = bshd_strides(dk_heads);
-  p.dv_strides = bshd_strides(dv_heads);
   p.lse = softmax_lse.data_ptr<float>();
   p.lse_batch_stride = softmax_lse.stride(0);
   p.lse_head_stride = softmax_lse.stride(1);
   p.softmax_scale = float(softmax_scale);
   p.causal = causal;
   p.deterministic = deterministic;
-  p.schedule = dash::BwdSchedule::kFa3;  // the only name accepted above
+  p.schedule = kind;
+  char const* release = std::getenv("DASH_DQ_RELEASE");
+  p.defer_release = release == nullptr || std::string(release) != "immediate";
   p.num_ctas_max = int(props->multiProcessorCount - sm_margin);
 
   dash::BwdWorkspaceSizes const ws = dash::bwd_workspace_sizes(p);
@@ -138,29 +166,56 @@ std::tuple<Tensor, Tensor, Tensor> bwd_cuda(Tensor const& dout, Tensor const& q,
   base += round4(ws.dq_accum_floats);
   p.dq_semaphore = reinterpret_cast<int*>(base);
   base += round4(ws.semaphore_ints);
-  p.work_counter = reinterpret_cast<int*>(base);
+  p.counters = reinterpret_cast<int*>(base);
+
+  Tensor trace_records;
+  if (trace) {
+    int64_t const steps = dash::bwd_trace_steps(p);
+    trace_records = at::full({steps, int64_t(sizeof(dash::BwdTraceRecord) / 8)}, -1, q.options().dtype(at::kLong));
+    p.trace = reinterpret_cast<dash::BwdTraceRecord*>(trace_records.data_ptr<int64_t>());
+    p.trace_capacity = steps;
+  } else {
+    trace_records = at::empty({0, int64_t(sizeof(dash::BwdTraceRecord) / 8)}, q.options().dtype(at::kLong));
+  }
 
   // Test hook: DASH_POISON_OUTPUTS=1 fills dq/dk/dv with NaN (all-ones bytes) before the
   // launch, so a test can prove every output element was written by the kernels.
   char const* poison = std::getenv("DASH_POISON_OUTPUTS");
   if (poison != nullptr && poison[0] == '1') {
-    for (Tensor* t : {&dq, &dk_heads, &dv_heads}) {
-      C10_CUDA_CHECK(cudaMemsetAsync(t->data_ptr(), 0xFF, t->nbytes(), at::cuda::getCurrentCUDAStream()));
+    for (Tensor* t : {&dq, &dk, &dv}) {
+      if (t->defined()) { C10_CUDA_CHECK(cudaMemsetAsync(t->data_ptr(), 0xFF, t->nbytes(), at::cuda::getCurrentCUDAStream())); }
     }
   }
   NvtxRange range("dash.bwd hdim" + std::to_string(head_dim) + (causal ? " causal" : " full") +
-                   (deterministic ? " deterministic " + std::string(schedule) : " nondeterministic"));
+                   (deterministic ? " deterministic " + std::string(schedule) : " nondeterministic") +
+                   (gqa ? " gqa" : "") + (trace ? " trace" : ""));
   try {
     dash::run_bwd(p, at::cuda::getCurrentCUDAStream());
   } catch (std::exception const& e) {
     TORCH_CHECK(false, e.what());
   }
+  if (gqa) {
+    dk = dk_accum.to(k.scalar_type());
+    dv = dv_accum.to(v.scalar_type());
+  }
+  return {dq, dk, dv, trace_records};
+}
 
-  if (!gqa) { return {dq, dk_heads, dv_heads}; }
-  int64_t const group = heads / heads_k;
-  Tensor dk = dk_heads.view({batch, seqlen_k, heads_k, group, head_dim}).sum(3, /*keepdim=*/false, at::kFloat).to(k.scalar_type());
-  Tensor dv = dv_heads.view({batch, seqlen_k, heads_k, group, head_dim}).sum(3, /*keepdim=*/false, at::kFloat).to(v.scalar_type());
-  return {dq, dk, dv};
+std::tuple<Tensor, Tensor, Tensor> bwd_cuda(Tensor const& dout, Tensor const& q, Tensor const& k, Tensor const& v,
+                                            Tensor const& out, Tensor const& softmax_lse, double softmax_scale,
+                                            bool causal, bool deterministic, c10::string_view schedule,
+                                            int64_t sm_margin) {
+  auto r = run_backward(dout, q, k, v, out, softmax_lse, softmax_scale, causal, deterministic, schedule, sm_margin,
+                        /*trace=*/false);
+  return {std::get<0>(r), std::get<1>(r), std::get<2>(r)};
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_trace_cuda(Tensor const& dout, Tensor const& q, Tensor const& k,
+                                                          Tensor const& v, Tensor const& out, Tensor const& softmax_lse,
+                                                          double softmax_scale, bool causal, bool deterministic,
+                                                          c10::string_view schedule, int64_t sm_margin) {
+  return run_backward(dout, q, k, v, out, softmax_lse, softmax_scale, causal, deterministic, schedule, sm_margin,
+                      /*trace=*/true);
 }
 
 }  // namespace
@@ -169,9 +224,17 @@ TORCH_LIBRARY_FRAGMENT(dash, m) {
   m.def(
       "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, float softmax_scale, "
       "bool causal, bool deterministic, str schedule, int sm_margin) -> (Tensor dq, Tensor dk, Tensor dv)");
+  // The same backward, recording every (column, Q tile) step (python -m dash trace).
+  m.def(
+      "bwd_trace(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, float softmax_scale, "
+      "bool causal, bool deterministic, str schedule, int sm_margin) -> (Tensor dq, Tensor dk, Tensor dv, "
+      "Tensor trace)");
 }
 
-TORCH_LIBRARY_IMPL(dash, CUDA, m) { m.impl("bwd", &bwd_cuda); }
+TORCH_LIBRARY_IMPL(dash, CUDA, m) {
+  m.impl("bwd", &bwd_cuda);
+  m.impl("bwd_trace", &bwd_trace_cuda);
+}
 
 // A plain extension module so that `import dash._C` loads the library and runs the
 // registrations above.

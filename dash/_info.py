@@ -37,11 +37,23 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({"version": __version__, "build": info, "kernels_loaded": loaded, "gpu": gpu}, indent=2))
         return 0
     print(f"DASH {__version__}")
+    from dash._ext import _CHECKOUT_ROOT, _PACKAGE_DIR
+
+    where = "source checkout" if _CHECKOUT_ROOT is not None else "installed package"
+    print(f"  package     : {_PACKAGE_DIR} ({where})")
     if info.get("kernels_built"):
         print(f"  kernels     : built for {info.get('arch')}, head dims {info.get('head_dims')}, "
               f"dtypes {info.get('dtypes')}")
         status = "yes" if loaded else f"NO ({why_not})"
         print(f"  loaded      : {status}")
+        schedules = info.get("schedules") or ["fa3"]
+        from dash.schedules.auto import PORTABLE_KERNEL_SCHEDULES
+
+        portable = [s for s in schedules if s in PORTABLE_KERNEL_SCHEDULES]
+        other = [s for s in schedules if s not in PORTABLE_KERNEL_SCHEDULES]
+        print(f"  schedules   : {', '.join(portable)} (portable: same bits on any GPU; auto picks among these)"
+              + (f"; {', '.join(other)} (full mask only; bits depend on the SM count)" if other else "")
+              + f", for head dims {info.get('head_dims')}")
     else:
         print(f"  kernels     : NOT built: {info.get('reason_not_built')}")
     print(f"  built with  : torch {info.get('torch')} (CUDA {info.get('torch_cuda')}), {info.get('nvcc', 'no nvcc')}, "

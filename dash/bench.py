@@ -102,6 +102,7 @@ def cuda_time_ms(fn: Callable[[dict], object], sets: list[dict], warmup: int, it
 
 
 def _dash_backward(deterministic: bool, schedule: str = "fa3") -> Callable[[dict], tuple]:
+    """DASH's backward kernels alone (``attention_backward`` on a precomputed out/lse)."""
     from dash.interface import attention_backward
 
     def run(s: dict):
@@ -109,6 +110,50 @@ def _dash_backward(deterministic: bool, schedule: str = "fa3") -> Callable[[dict
                                   causal=s["causal"], deterministic=deterministic, schedule=schedule)
 
     return run
+
+
+def _with_env(fn: Callable[[dict], tuple], **env: str) -> Callable[[dict], tuple]:
+    """fn with environment variables set during each call (the kernels' measurement knobs,
+    e.g. DASH_DQ_RELEASE=immediate, are read per call)."""
+    import os
+
+    def run(s: dict):
+        old = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            return fn(s)
+        finally:
+            for k, v in old.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+    return run
+
+
+def _autograd_backward(key: str, forward: Callable[[dict, tuple], torch.Tensor]) -> Callable[[dict], tuple]:
+    """The path users call: ``torch.autograd.grad`` through a library's own forward (run once,
+    untimed, its graph kept), so that each timed call is one backward with all its host work."""
+
+    def run(s: dict):
+        if key not in s:
+            inputs = tuple(s[n].detach().requires_grad_() for n in ("q", "k", "v"))
+            s[key] = (forward(s, inputs), inputs)
+        out, inputs = s[key]
+        return torch.autograd.grad(out, inputs, s["dout"], retain_graph=True)
+
+    return run
+
+
+def _dash_user_path(deterministic: bool, schedule: str = "auto") -> Callable[[dict], tuple]:
+    from dash.interface import flash_attn_func
+
+    def forward(s, qkv):
+        return flash_attn_func(*qkv, softmax_scale=s["scale"], causal=s["causal"], deterministic=deterministic,
+                               schedule=schedule)
+
+    return _autograd_backward(f"_graph_dash_{deterministic}_{schedule}", forward)
 
 
 def _torch_sdpa_backward(backend) -> Callable[[dict], tuple]:
@@ -130,39 +175,71 @@ def _torch_sdpa_backward(backend) -> Callable[[dict], tuple]:
     return run
 
 
-def _fa3_backward() -> Optional[Callable[[dict], tuple]]:
+def _fa3_modes() -> dict[str, Callable[[dict], tuple]]:
+    """Upstream FA3 (``flash_attn_interface`` from flash-attention's hopper/), if importable."""
     try:
-        import flash_attn_interface as fa3  # upstream FA3 (hopper/), if installed
+        import flash_attn_interface as fa3
     except ImportError:
-        return None
+        return {}
 
-    def run(s: dict):
-        if "_graph_fa3" not in s:
-            q, k, v = (s[n].detach().requires_grad_() for n in ("q", "k", "v"))
-            out = fa3.flash_attn_func(q, k, v, causal=s["causal"], softmax_scale=s["scale"])
-            s["_graph_fa3"] = (out, (q, k, v))
-        out, inputs = s["_graph_fa3"]
-        return torch.autograd.grad(out, inputs, s["dout"], retain_graph=True)
+    def mode(det: bool):
+        return _autograd_backward(f"_graph_fa3_{det}", lambda s, qkv: fa3.flash_attn_func(
+            *qkv, causal=s["causal"], softmax_scale=s["scale"], deterministic=det))
 
-    return run
+    return {"fa3_nondet": mode(False), "fa3_det": mode(True)}
+
+
+def _fa4_modes() -> dict[str, Callable[[dict], tuple]]:
+    """FlashAttention-4 (``flash_attn.cute``, pip flash-attn-4), if importable."""
+    try:
+        from flash_attn.cute import flash_attn_func as fa4_func
+    except ImportError:
+        return {}
+
+    def mode(det: bool):
+        def forward(s, qkv):
+            out = fa4_func(*qkv, causal=s["causal"], softmax_scale=s["scale"], deterministic=det)
+            return out[0] if isinstance(out, tuple) else out
+
+        return _autograd_backward(f"_graph_fa4_{det}", forward)
+
+    return {"fa4_nondet": mode(False), "fa4_det": mode(True)}
+
+
+#: DASH's kernel schedules measured one by one (deterministic), beside auto.
+KERNEL_SCHEDULE_MODES = ("fa3", "interleaved", "descending", "shift")
 
 
 def available_modes() -> dict[str, Callable[[dict], tuple]]:
+    """Every mode this machine can run. ``dash_*``: the kernels alone; ``user_dash_*``: through
+    ``flash_attn_func`` + ``torch.autograd.grad`` (the path users call); anchors: torch SDPA
+    (cuDNN, flash), and upstream FA3 / FA4 through their own forward when importable."""
     from torch.nn.attention import SDPBackend
 
     modes = {
-        "dash_nondet": _dash_backward(False),
-        "dash_fa3_det": _dash_backward(True, "fa3"),
-        "torch_cudnn": _torch_sdpa_backward(SDPBackend.CUDNN_ATTENTION),
-        "torch_flash": _torch_sdpa_backward(SDPBackend.FLASH_ATTENTION),
+        "dash_nondet": _dash_backward(False, "auto"),
+        "dash_nondet_fa3": _dash_backward(False, "fa3"),
+        "dash_auto_det": _dash_backward(True, "auto"),
     }
-    fa3 = _fa3_backward()
-    if fa3 is not None:
-        modes["fa3_nondet"] = fa3
+    for sched in KERNEL_SCHEDULE_MODES:
+        modes[f"dash_{sched}_det"] = _dash_backward(True, sched)
+    for sched in ("fa3", "interleaved", "descending"):
+        modes[f"dash_{sched}_det_immediate"] = _with_env(_dash_backward(True, sched), DASH_DQ_RELEASE="immediate")
+    modes["user_dash_auto_det"] = _dash_user_path(True, "auto")
+    modes["user_dash_nondet"] = _dash_user_path(False, "auto")
+    modes["torch_cudnn"] = _torch_sdpa_backward(SDPBackend.CUDNN_ATTENTION)
+    modes["torch_flash"] = _torch_sdpa_backward(SDPBackend.FLASH_ATTENTION)
+    modes.update(_fa3_modes())
+    modes.update(_fa4_modes())
     return modes
 
 
-DETERMINISTIC_MODES = ("dash_fa3_det",)
+def is_deterministic_mode(name: str) -> bool:
+    return name.endswith("_det") or "_det_" in name
+
+
+DETERMINISTIC_MODES = tuple(f"dash_{s}_det" for s in ("auto",) + KERNEL_SCHEDULE_MODES) + (
+    "user_dash_auto_det", "fa3_det", "fa4_det")
 
 
 def bitwise_repeatable(fn: Callable[[dict], tuple], s: dict, repeats: int) -> bool:
@@ -187,7 +264,7 @@ def run_rows(shapes: list[Shape], modes: Optional[list[str]] = None, warmup: int
         for name, fn in chosen.items():
             try:
                 row.ms[name] = cuda_time_ms(fn, sets, warmup, iters)
-                if name in DETERMINISTIC_MODES:
+                if is_deterministic_mode(name):
                     row.bitwise[name] = bitwise_repeatable(fn, sets[0], bitwise_repeats)
             except Exception as e:  # a backend may not support a shape; record it, keep going
                 row.errors[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
@@ -229,6 +306,58 @@ def summary(rows: list[Row], modes: list[str], anchor: str = "torch_cudnn") -> d
         if ratios:
             out[m] = {"geomean_vs_" + anchor: geomean(ratios), "min_vs_" + anchor: min(ratios), "rows": len(ratios)}
     return out
+
+
+def paired_ratios(rows: list[Row]) -> dict[str, dict[str, float]]:
+    """The ratios the targets are stated in, over the rows that have both modes (time ratios,
+    > 1 means the first mode is faster): det(auto) / non-det, det(auto) / det(fa3 order), the
+    path users call vs the kernel alone, and det(auto) against the faster of FA3's and FA4's
+    deterministic backward when they ran."""
+    def pair(fast: str, slow_of: tuple[str, ...]) -> Optional[dict[str, float]]:
+        vals = []
+        for r in rows:
+            slows = [r.ms[m] for m in slow_of if m in r.ms]
+            if fast in r.ms and slows:
+                vals.append(min(slows) / r.ms[fast])
+        return {"geomean": geomean(vals), "worst": min(vals), "rows": len(vals)} if vals else None
+
+    out = {
+        "dash det(auto) / dash non-det": pair("dash_auto_det", ("dash_nondet",)),
+        "dash det(auto) / dash det(fa3)": pair("dash_auto_det", ("dash_fa3_det",)),
+        "user path det(auto) / kernel det(auto)": pair("user_dash_auto_det", ("dash_auto_det",)),
+        "dash det(auto) / faster of FA3 det, FA4 det": pair("dash_auto_det", ("fa3_det", "fa4_det")),
+        "user path det(auto) / faster of FA3 det, FA4 det": pair("user_dash_auto_det", ("fa3_det", "fa4_det")),
+        "dash non-det / faster of FA3, FA4 non-det": pair("dash_nondet", ("fa3_nondet", "fa4_nondet")),
+    }
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def model_ranking_agreement(rows: list[Row]) -> dict:
+    """Does ``auto`` (the calibrated model) pick the measured-fastest portable schedule?
+
+    Per row: the measured fastest of ``dash_{fa3,interleaved,descending}_det``, the model's
+    choice (``choose_kernel_schedule`` for the grid of this GPU), and how far auto's pick is
+    from the best measured one."""
+    from dash.schedules.auto import PORTABLE_KERNEL_SCHEDULES, choose_kernel_schedule
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    per_row, agree, within, worst = [], 0, 0, 1.0
+    for r in rows:
+        ms = {s: r.ms[f"dash_{s}_det"] for s in PORTABLE_KERNEL_SCHEDULES if f"dash_{s}_det" in r.ms}
+        if len(ms) < 2:
+            continue
+        sh = r.shape
+        pick = choose_kernel_schedule(sh.batch, sh.heads, sh.heads_kv or sh.heads, sh.seqlen, sh.seqlen, sh.head_dim,
+                                      sh.causal, sms)
+        best = min(ms, key=ms.get)
+        ratio = ms[best] / ms[pick] if pick in ms else float("nan")
+        agree += pick == best
+        within += ratio >= 0.97
+        worst = min(worst, ratio)
+        per_row.append({"shape": sh.label(), "measured_best": best, "model_pick": pick, "pick_vs_best": ratio,
+                        "measured_ms": ms})
+    return {"rows": len(per_row), "best_agrees": agree, "auto_within_3pct": within, "worst_auto_vs_best": worst,
+            "per_row": per_row}
 
 
 def environment() -> dict:

@@ -1,4 +1,4 @@
-"""``python -m dash``: info, bench, simulate and plot.
+"""``python -m dash``: info, bench, simulate, plot and trace.
 
 Bad input gets one line on stderr that names the argument, the value and what is supported
 (exit code 2, as argparse uses for usage errors), never a traceback. Sizes, paths and optional
@@ -177,6 +177,12 @@ def _cmd_plot(args: argparse.Namespace) -> int:
     return plot.run(args)
 
 
+def _cmd_trace(args: argparse.Namespace) -> int:
+    from dash import trace
+
+    return trace.run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineErrorParser(prog="python -m dash", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -204,6 +210,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     plot.add_arguments(p_plot)
     p_plot.set_defaults(func=_cmd_plot)
+
+    p_trace = sub.add_parser("trace", help="run the backward with the kernel's trace flag: measured Gantt chart "
+                                           "beside the model's, wait fractions, fitted costs (needs an sm_90 GPU)")
+    from dash import trace
+
+    trace.add_arguments(p_trace)
+    p_trace.set_defaults(func=_cmd_trace)
     return parser
 
 

@@ -24,13 +24,16 @@ import torch
 from torch import Tensor
 
 from dash import _ext
-from dash.config import SUPPORTED_HEAD_DIMS
+from dash.config import SUPPORTED_HEAD_DIMS, bwd_tile_config
+from dash.schedules.auto import PORTABLE_KERNEL_SCHEDULES as PORTABLE_SCHEDULES
 from dash.schedules.orders import SCHEDULE_NAMES as MODEL_SCHEDULE_NAMES
 
 #: Every schedule name the API knows (the scheduling model's names plus "auto").
 SCHEDULE_NAMES: tuple[str, ...] = ("auto",) + MODEL_SCHEDULE_NAMES
-#: Schedules the CUDA kernel implements today.
-KERNEL_SCHEDULES: tuple[str, ...] = ("fa3",)
+#: Schedules the CUDA kernel implements (BwdScheduleKind in csrc/schedule/schedule.h).
+KERNEL_SCHEDULES: tuple[str, ...] = ("fa3", "interleaved", "descending", "shift")
+#: Kernel schedules whose bits do not depend on the number of CTAs; ``auto`` picks among them.
+PORTABLE_KERNEL_SCHEDULES: tuple[str, ...] = PORTABLE_SCHEDULES
 _DTYPES = (torch.bfloat16, torch.float16)
 _TMA_ALIGN_BYTES = 16
 
@@ -140,7 +143,7 @@ def validate_inputs(
         raise ValueError(f"softmax_scale={softmax_scale!r} must be None or a finite positive number")
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {causal!r}")
-    effective_causal(window_size, causal, q.shape[1], k.shape[1])
+    is_causal = effective_causal(window_size, causal, q.shape[1], k.shape[1])
     if softcap != 0.0:
         raise NotImplementedError(f"softcap={softcap}: softcapping is not supported yet; use 0.0")
     if not isinstance(sm_margin, numbers.Integral) or isinstance(sm_margin, bool) or sm_margin < 0:
@@ -150,13 +153,24 @@ def validate_inputs(
         raise ValueError(f"sm_margin={sm_margin} leaves no SM free on this GPU ({sms} SMs)")
     if deterministic is not None and not isinstance(deterministic, bool):
         raise TypeError(f"deterministic must be None or a bool, got {deterministic!r}")
-    if schedule not in SCHEDULE_NAMES:
+    if not isinstance(schedule, str) or schedule not in SCHEDULE_NAMES:
         raise ValueError(f"schedule={schedule!r} is unknown; choose one of {', '.join(SCHEDULE_NAMES)}")
     if schedule != "auto" and schedule not in KERNEL_SCHEDULES:
         raise NotImplementedError(
             f"schedule={schedule!r} is modelled (python -m dash simulate) but not implemented by the kernel yet; "
-            f"implemented: {', '.join(KERNEL_SCHEDULES)}"
+            f"implemented: {', '.join(KERNEL_SCHEDULES)}, auto"
         )
+    if schedule == "shift":
+        if is_causal:
+            raise NotImplementedError("schedule='shift' is for full masks; with causal=True use 'descending', "
+                                      "'interleaved', 'fa3' or 'auto'")
+        ctas = sms - sm_margin if sms is not None else None
+        cfg = bwd_tile_config(head_dim, False)
+        lanes = min(-(-k.shape[1] // cfg.block_n), ctas or 1)
+        if lanes > -(-q.shape[1] // cfg.block_m):
+            raise NotImplementedError(
+                f"schedule='shift' needs at most as many concurrently running columns of a head ({lanes}) as Q tiles "
+                f"({-(-q.shape[1] // cfg.block_m)}) (seqlen_q={q.shape[1]}, seqlen_k={k.shape[1]}); use 'auto'")
 
 
 def effective_causal(window_size: Sequence[int], causal: bool, seqlen_q: int, seqlen_k: int) -> bool:
@@ -182,12 +196,29 @@ def effective_causal(window_size: Sequence[int], causal: bool, seqlen_q: int, se
     )
 
 
-def resolve_schedule(schedule: str) -> str:
-    """Map ``schedule`` to a kernel schedule. ``auto`` picks among the implemented ones;
-    with a single implemented schedule there is nothing to rank."""
-    if schedule == "auto":
-        return KERNEL_SCHEDULES[0]
-    return schedule
+def resolve_schedule(schedule: str, q: Tensor, k: Tensor, causal: bool, deterministic: bool, sm_margin: int) -> str:
+    """Map ``schedule`` to a kernel schedule: a name as given, or for ``auto`` the portable
+    schedule the calibrated scheduling model ranks fastest for this shape and grid
+    (``dash.schedules.auto.choose_kernel_schedule``; cached per shape). ``auto`` never picks a
+    schedule whose bits depend on the GPU's SM count."""
+    if schedule != "auto":
+        return schedule
+    from dash.schedules.auto import choose_kernel_schedule
+
+    batch, seqlen_q, heads, head_dim = (int(x) for x in q.shape)
+    seqlen_k, heads_kv = int(k.shape[1]), int(k.shape[2])
+    return choose_kernel_schedule(batch, heads, heads_kv, seqlen_q, seqlen_k, head_dim, bool(causal),
+                                  _grid_ctas(q.device, sm_margin), bool(deterministic))
+
+
+def _grid_ctas(device: torch.device, sm_margin: int) -> int:
+    """CTAs of the persistent grid: the device's SMs minus ``sm_margin`` (132 without a GPU,
+    e.g. while torch.compile traces with fake tensors)."""
+    try:
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+    except Exception:
+        sms = 132
+    return max(1, sms - int(sm_margin))
 
 
 def _resolve_deterministic(deterministic: Optional[bool], needs_grad: bool) -> bool:
@@ -291,6 +322,16 @@ if _ext.kernels_available():  # the C++ schema of dash::bwd exists only when das
     def _bwd_fake(dout, q, k, v, out, softmax_lse, softmax_scale, causal, deterministic, schedule, sm_margin):
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
+    @torch.library.register_fake("dash::bwd_trace")
+    def _bwd_trace_fake(dout, q, k, v, out, softmax_lse, softmax_scale, causal, deterministic, schedule, sm_margin):
+        from dash.schedules import Problem, tile_problem
+
+        p = Problem(q.shape[0], q.shape[2], q.shape[1], k.shape[1], head_dim=q.shape[3], heads_kv=k.shape[2],
+                    causal=causal)
+        steps = tile_problem(p).total_steps  # over all batches and heads
+        return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
+                q.new_empty((steps, 8), dtype=torch.int64))
+
 
 def attention_backward(
     dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softmax_lse: Tensor, *,
@@ -312,7 +353,8 @@ def attention_backward(
     _ext.require_kernels()
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
     return torch.ops.dash.bwd(dout.contiguous(), q, k, v, out.contiguous(), softmax_lse.contiguous(), float(scale),
-                              causal, deterministic, resolve_schedule(schedule), sm_margin)
+                              causal, deterministic, resolve_schedule(schedule, q, k, causal, deterministic, sm_margin),
+                              sm_margin)
 
 
 # ---------------------------------------------------------------------------------------
@@ -374,7 +416,8 @@ def flash_attn_func(
     det = _resolve_deterministic(deterministic, needs_grad)
     scale = float(softmax_scale) if softmax_scale is not None else q.shape[-1] ** -0.5
     causal = effective_causal(window_size, causal, q.shape[1], k.shape[1])
-    out, lse = torch.ops.dash.fwd(q, k, v, scale, causal, det, resolve_schedule(schedule), int(sm_margin))
+    sched = resolve_schedule(schedule, q, k, causal, det, int(sm_margin))
+    out, lse = torch.ops.dash.fwd(q, k, v, scale, causal, det, sched, int(sm_margin))
     return (out, lse) if return_attn_probs else out
 
 

@@ -1,9 +1,19 @@
-"""Shared pytest setup: GPU skipping and markers.
+"""Shared pytest setup: GPU tests, slow tests.
 
-Tests import the *installed* dash (pytest runs with --import-mode=importlib, see
-pyproject.toml), so GPU tests exercise the compiled extension that was installed. To test
-an uninstalled source tree, set PYTHONPATH to the repository root and build in place
-(python setup.py build_ext --inplace)."""
+GPU tests (marked ``gpu``) need an sm_90 GPU and DASH's compiled kernels:
+
+* on a machine without an sm_90 GPU they are skipped, with the reason;
+* on a machine WITH an sm_90 GPU they fail, with the reason, when the kernels cannot be
+  loaded (not built, built for another Python or torch, built from other sources than this
+  checkout): a GPU run that silently skipped every GPU test would prove nothing.
+
+Slow tests (marked ``slow``: 1000-repeat determinism runs) run with ``-m slow`` or
+``DASH_RUN_SLOW=1`` and are skipped otherwise.
+
+``pytest`` imports the *installed* dash (--import-mode=importlib, see pyproject.toml);
+``python -m pytest`` from the repository root imports the checkout's dash/, which holds the
+same kernels after ``pip install --no-build-isolation .`` (setup.py places them there too).
+"""
 
 from __future__ import annotations
 
@@ -11,37 +21,57 @@ import os
 
 import pytest
 
+_GPU_STATE: tuple[str, str | None] | None = None  # ("skip" | "fail" | "run", reason)
 
-def sm90_skip_reason() -> str | None:
-    """None when an sm_90 GPU and DASH's kernels are usable, else why not."""
+
+def sm90_state() -> tuple[str, str | None]:
+    """("run", None) when GPU tests can run; ("skip", why) without an sm_90 GPU; ("fail", why)
+    with an sm_90 GPU but no loadable kernels."""
+    global _GPU_STATE
+    if _GPU_STATE is not None:
+        return _GPU_STATE
     try:
         import torch
     except ImportError:
-        return "torch is not installed"
+        _GPU_STATE = ("skip", "torch is not installed")
+        return _GPU_STATE
     if not torch.cuda.is_available():
-        return "no CUDA GPU (CPU-only machine)"
+        _GPU_STATE = ("skip", "no CUDA GPU (CPU-only machine)")
+        return _GPU_STATE
     cc = torch.cuda.get_device_capability(0)
     if cc != (9, 0):
-        return f"GPU has compute capability {cc[0]}.{cc[1]}; DASH's kernels need 9.0"
-    from dash._ext import kernels_available, manifest
+        _GPU_STATE = ("skip", f"GPU has compute capability {cc[0]}.{cc[1]}; DASH's kernels need 9.0")
+        return _GPU_STATE
+    from dash._ext import kernels_status
 
-    if not kernels_available():
-        return f"DASH kernels not available: {manifest().get('reason_not_built') or 'dash._C failed to import'}"
-    return None
+    ok, why = kernels_status()
+    _GPU_STATE = ("run", None) if ok else ("fail", f"this machine has an sm_90 GPU but DASH's kernels are not "
+                                                   f"usable: {why}")
+    return _GPU_STATE
+
+
+def sm90_skip_reason() -> str | None:
+    """Why GPU tests cannot run here (None when they can)."""
+    state, why = sm90_state()
+    return None if state == "run" else why
 
 
 def pytest_collection_modifyitems(config, items):
-    reason = None
-    checked = False
-    for item in items:
-        if "gpu" in item.keywords:
-            if not checked:
-                reason = sm90_skip_reason()
-                checked = True
-            if reason is not None:
-                item.add_marker(pytest.mark.skip(reason=f"GPU test skipped: {reason}"))
+    if any("gpu" in item.keywords for item in items):
+        state, why = sm90_state()
+        if state == "skip":
+            for item in items:
+                if "gpu" in item.keywords:
+                    item.add_marker(pytest.mark.skip(reason=f"GPU test skipped: {why}"))
     run_slow = os.environ.get("DASH_RUN_SLOW") == "1" or "slow" in (config.getoption("-m") or "")
     if not run_slow:
         for item in items:
             if "slow" in item.keywords:
                 item.add_marker(pytest.mark.skip(reason="slow test (run with -m slow or DASH_RUN_SLOW=1)"))
+
+
+def pytest_runtest_setup(item):
+    if "gpu" in item.keywords:
+        state, why = sm90_state()
+        if state == "fail":
+            pytest.fail(why, pytrace=False)

@@ -366,9 +366,14 @@ def test_schedule_name_tables():
     assert len(set(SCHEDULE_NAMES)) == len(SCHEDULE_NAMES)
     assert "fa3" in KERNEL_SCHEDULES and set(KERNEL_SCHEDULES) <= set(SCHEDULE_NAMES)
     assert NOT_IMPLEMENTED_SCHEDULES, "every modelled schedule is implemented: drop this test's NotImplemented cases"
-    assert I.resolve_schedule("auto") in KERNEL_SCHEDULES
+    q, k, _ = _qkv()
+    for causal in (False, True):
+        for det in (False, True):
+            # auto picks a schedule whose bits do not depend on the GPU.
+            assert I.resolve_schedule("auto", q, k, causal, det, 0) in I.PORTABLE_KERNEL_SCHEDULES
+    assert set(I.PORTABLE_KERNEL_SCHEDULES) < set(KERNEL_SCHEDULES)
     for name in KERNEL_SCHEDULES:
-        assert I.resolve_schedule(name) == name
+        assert I.resolve_schedule(name, q, k, False, True, 0) == name
 
 
 @pytest.mark.parametrize("schedule", ["bogus", "FA3", "", "all", "Auto", None], ids=repr)

@@ -1,6 +1,7 @@
-"""The kernel's schedule (csrc/schedule/schedule.h, compiled here for the host) must follow
+"""The kernel's schedules (csrc/schedule/schedule.h, compiled here for the host) must follow
 the scheduling model (dash.schedules, the specification) exactly: item order, Q-tile visit
-order and every turn. CPU-only; needs a C++ compiler."""
+order and every turn, for every schedule the kernel implements. CPU-only; needs a C++
+compiler."""
 
 from __future__ import annotations
 
@@ -15,9 +16,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dash.schedules import Problem, make_plan
-from dash.schedules.tiling import tile_problem
+from dash.schedules.orders import l2_section_heads
 
 ROOT = Path(__file__).resolve().parents[1]
+
+#: BwdScheduleKind in csrc/schedule/schedule.h.
+KERNEL_KINDS = {"fa3": 0, "interleaved": 1, "descending": 2, "shift": 3}
 
 
 @pytest.fixture(scope="module")
@@ -31,49 +35,86 @@ def probe(tmp_path_factory):
     return ctypes.CDLL(str(lib))
 
 
-def _kernel_fa3(probe, sq, sk, bm, bn, causal, H, B, det):
-    N, M = -(-sk // bn), -(-sq // bm)
-    cols = np.zeros(3 * N * H * B, dtype=np.int32)
-    steps = np.zeros(N, dtype=np.int32)
-    visit = np.zeros(N * M, dtype=np.int32)
-    turns = np.zeros(M * N, dtype=np.int32)
-    ptr = lambda a: a.ctypes.data_as(ctypes.POINTER(ctypes.c_int))  # noqa: E731
-    count = probe.dash_fa3_probe(sq, sk, bm, bn, int(causal), H, B, int(det), ptr(cols), ptr(steps), ptr(visit),
-                                 ptr(turns))
-    return count, cols.reshape(-1, 3), steps, visit.reshape(N, M), turns.reshape(M, N)
+def _ptr(a):
+    return a.ctypes.data_as(ctypes.POINTER(ctypes.c_int))
 
 
-def _check(probe, B, H, sq, sk, bm, bn, causal):
-    p = Problem(B, H, sq, sk, causal=causal, block_m=bm, block_n=bn)
-    plan = make_plan(p, "fa3", 7)
-    t = tile_problem(p)
-    count, cols, steps, visit, turns = _kernel_fa3(probe, sq, sk, bm, bn, causal, H, B, det=True)
-    # Item order: the model's claim order (item L = k + N*(h + H*b), causal reversed per head).
-    N = t.nmax
-    assert count == B * H * N
-    for L in range(count):
-        k, h, b = L % N, (L // N) % H, L // (N * H)
-        assert tuple(cols[L]) == ((N - 1 - k) if causal else k, h, b)
-    # Visits and turns of every column (identical for every head).
-    for n in range(N):
-        want = plan.visit(0, 0, n)
-        assert steps[n] == len(want)
-        assert list(visit[n, : steps[n]]) == list(want)
-    assert np.array_equal(turns, plan.turn[0, 0])
+def _kernel(probe, name, p: Problem, ctas: int, det: bool = True):
+    bm, bn = p.tile_shape
+    N, M = -(-p.seqlen_k // bn), -(-p.seqlen_q // bm)
+    K = N * p.heads_q * p.batch
+    cols = np.zeros(3 * K, dtype=np.int32)
+    steps = np.zeros(K, dtype=np.int32)
+    visit = np.zeros(K * M, dtype=np.int32)
+    turns = np.zeros(K * M, dtype=np.int32)
+    stride = -(-K // ctas)
+    items = np.full(ctas * stride, -1, dtype=np.int32)
+    count = probe.dash_schedule_probe(KERNEL_KINDS[name], p.seqlen_q, p.seqlen_k, bm, bn, int(p.causal), p.head_dim,
+                                      p.heads_q, p.batch, int(det), ctas, _ptr(cols), _ptr(steps), _ptr(visit),
+                                      _ptr(turns), _ptr(items), stride)
+    return count, cols.reshape(-1, 3), steps, visit.reshape(K, M), turns.reshape(K, M), items.reshape(ctas, stride)
 
 
+def _check(probe, name, p: Problem, ctas: int):
+    plan = make_plan(p, name, ctas)
+    count, cols, steps, visit, turns, items = _kernel(probe, name, p, ctas)
+    seq = plan.item_sequence()
+    assert count == len(seq)
+    # Item order: the kernel's column(L) is the model's L-th item as (n, h, b).
+    assert np.array_equal(cols[:, [2, 1, 0]], seq), name
+    for L, (b, h, n) in enumerate(seq):
+        want = plan.visit(b, h, n)
+        assert steps[L] == len(want), (name, b, h, n)
+        assert list(visit[L, : steps[L]]) == list(want), (name, b, h, n)
+        assert list(turns[L, : steps[L]]) == list(plan.turn[b, h, want, n]), (name, b, h, n)
+    if not plan.recipe.dispatch == "claim":
+        # Static dispatch: CTA x runs exactly the model's work list, in order.
+        for x in range(ctas):
+            got = [tuple(seq[L][[0, 1, 2]]) for L in items[x] if L >= 0]
+            assert got == plan.work_list(x), (name, x)
+
+
+SHAPES = [(1, 1), (239, 1), (113, 203), (1023, 1024), (4224, 4224), (1000, 777), (128, 4096), (4096, 128)]
+
+
+@pytest.mark.parametrize("name", ["fa3", "interleaved", "descending"])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("sq, sk", [(1, 1), (239, 1), (113, 203), (1023, 1024), (4224, 4224), (1000, 777),
-                                    (128, 4096), (4096, 128)])
-@pytest.mark.parametrize("bm, bn", [(64, 128), (128, 128)])
-def test_fa3_kernel_schedule_equals_model(probe, sq, sk, bm, bn, causal):
-    _check(probe, 2, 3, sq, sk, bm, bn, causal)
+@pytest.mark.parametrize("sq, sk", SHAPES)
+@pytest.mark.parametrize("hdim", [64, 128])
+def test_claimed_kernel_schedules_equal_the_model(probe, name, sq, sk, hdim, causal):
+    _check(probe, name, Problem(2, 3, sq, sk, head_dim=hdim, causal=causal), 7)
+
+
+@pytest.mark.parametrize("sq, sk", [(s, k) for s, k in SHAPES if -(-s // 64) >= min(-(-k // 128), 7)])
+@pytest.mark.parametrize("ctas", [1, 3, 7, 132])
+@pytest.mark.parametrize("hdim", [64, 128])
+def test_shift_kernel_schedule_equals_the_model(probe, sq, sk, hdim, ctas):
+    p = Problem(2, 3, sq, sk, head_dim=hdim)
+    bm, bn = p.tile_shape
+    if -(-sq // bm) < min(-(-sk // bn), ctas):
+        pytest.skip("shift needs min(N, ctas) <= M")
+    _check(probe, "shift", p, ctas)
 
 
 @settings(max_examples=60, deadline=None)
-@given(sq=st.integers(1, 3000), sk=st.integers(1, 3000), causal=st.booleans(), tiles=st.sampled_from([(64, 128), (128, 128)]))
-def test_fa3_kernel_schedule_equals_model_random_shapes(probe, sq, sk, causal, tiles):
-    _check(probe, 1, 2, sq, sk, tiles[0], tiles[1], causal)
+@given(sq=st.integers(1, 3000), sk=st.integers(1, 3000), causal=st.booleans(), hdim=st.sampled_from([64, 128]),
+       name=st.sampled_from(["fa3", "interleaved", "descending"]), heads=st.integers(1, 5), batch=st.integers(1, 3))
+def test_claimed_kernel_schedules_equal_the_model_random_shapes(probe, sq, sk, causal, hdim, name, heads, batch):
+    _check(probe, name, Problem(batch, heads, sq, sk, head_dim=hdim, causal=causal), 5)
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 12), m_extra=st.integers(0, 6), heads=st.integers(1, 4), batch=st.integers(1, 3),
+       ctas=st.integers(1, 40))
+def test_shift_kernel_schedule_equals_the_model_random_grids(probe, n, m_extra, heads, batch, ctas):
+    p = Problem(batch, heads, (min(n, ctas) + m_extra) * 128, n * 128, head_dim=64)
+    _check(probe, "shift", p, ctas)
+
+
+@pytest.mark.parametrize("sq, hdim, bh", [(512, 64, 1024), (2048, 64, 256), (8192, 128, 32), (16384, 128, 16),
+                                          (1, 64, 1), (100000, 128, 3), (4096, 64, 5)])
+def test_l2_sections_equal_the_model(probe, sq, hdim, bh):
+    assert probe.dash_l2_section_heads(sq, hdim, bh) == l2_section_heads(sq, hdim, bh)
 
 
 @settings(max_examples=80, deadline=None)

@@ -10,17 +10,19 @@ from dash import reference
 from dash.interface import attention_backward
 
 
-def case(b, sq, sk, h, d, causal, det, dtype=torch.bfloat16):
+def case(b, sq, sk, h, d, causal, det, dtype=torch.bfloat16, schedule="auto", hk=None):
     torch.manual_seed(0)
+    hk = hk or h
     q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype)
-    k = torch.randn(b, sk, h, d, device="cuda", dtype=dtype)
-    v = torch.randn(b, sk, h, d, device="cuda", dtype=dtype)
+    k = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype)
+    v = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype)
     dout = torch.randn(b, sq, h, d, device="cuda", dtype=dtype)
     out, lse = reference.attention_forward(q, k, v, causal=causal, compute_dtype=torch.float64)
     out, lse = out.to(dtype), lse.float()
-    print(f"  launch b={b} sq={sq} sk={sk} h={h} d={d} causal={causal} det={det} ...", end="", flush=True)
+    print(f"  launch b={b} sq={sq} sk={sk} h={h}/{hk} d={d} causal={causal} det={det} {schedule} ...", end="",
+          flush=True)
     t0 = time.time()
-    g = attention_backward(dout, q, k, v, out, lse, causal=causal, deterministic=det)
+    g = attention_backward(dout, q, k, v, out, lse, causal=causal, deterministic=det, schedule=schedule)
     torch.cuda.synchronize()
     hi = reference.attention_backward(dout, q, k, v, out, lse, causal=causal, compute_dtype=torch.float64)
     lo = reference.attention_backward(dout, q, k, v, out, lse, causal=causal, compute_dtype=dtype)
@@ -39,9 +41,12 @@ if __name__ == "__main__":
     all_ok = True
     for d in (64, 128):
         for causal in (False, True):
-            for det in (False, True):
-                all_ok &= case(1, 256, 256, 2, d, causal, det)
-            all_ok &= case(2, 1000, 777, 3, d, causal, True)
+            for sched in ("fa3", "interleaved", "descending") + (() if causal else ("shift",)):
+                for det in (False, True):
+                    all_ok &= case(1, 256, 256, 2, d, causal, det, schedule=sched)
+                all_ok &= case(2, 1000, 777, 3, d, causal, True, schedule=sched)
             all_ok &= case(1, 113, 203, 2, d, causal, False)
+            all_ok &= case(1, 640, 1024, 8, d, causal, True, hk=2)
+            all_ok &= case(1, 640, 1024, 6, d, causal, False, hk=1)
     print("SMOKE", "PASS" if all_ok else "FAIL", flush=True)
     sys.exit(0 if all_ok else 1)

@@ -13,6 +13,8 @@
 #include <cute/tensor.hpp>
 #include <cutlass/numeric_conversion.h>
 
+#include "kernels/ptx.h"
+
 namespace dash {
 
 namespace detail {
@@ -39,6 +41,17 @@ __device__ __forceinline__ uint32_t select4(uint32_t const (&v)[4], int idx) {
 
 }  // namespace detail
 
+// The layout both helpers below assume: `coords` is a WGMMA accumulator partition
+// ((2, 2, V), MMA_M, MMA_N) with a single atom per warpgroup along M and N, so a thread
+// holds exactly two rows (r and r + 8) and, per 8-column group, two adjacent columns.
+template <class Coords>
+__device__ __forceinline__ constexpr void check_one_atom_per_warpgroup() {
+  using namespace cute;
+  static_assert(rank_v<Coords> == 3, "expects a WGMMA accumulator partition ((2,2,V), MMA_M, MMA_N)");
+  static_assert(size<1>(Coords{}) == 1 && size<2>(Coords{}) == 1,
+                "one WGMMA atom per warpgroup: each thread holds rows r and r+8 only");
+}
+
 // acc(i): this thread's accumulator values in the WGMMA order i = col_pair + 2*row_half +
 // 4*col_group. coords(i): their (row, col) in the tile. Stores scale * value as Element
 // at base[(row_offset + row) * row_stride + col] for rows with row_offset + row < row_limit.
@@ -46,6 +59,7 @@ template <class Element, class Frag, class Coords>
 __device__ __forceinline__ void store_acc_rows_16B(Frag const& acc, Coords const& coords, float scale, Element* base,
                                                    int64_t row_stride, int row_offset, int row_limit) {
   using namespace cute;
+  check_one_atom_per_warpgroup<Coords>();
   constexpr int kValues = decltype(size(acc))::value;
   constexpr int kGroups = kValues / 4;  // 8-column groups per row
   static_assert(kValues % 16 == 0, "needs a multiple of 4 column groups");
@@ -82,6 +96,25 @@ __device__ __forceinline__ void store_acc_rows_16B(Frag const& acc, Coords const
         int const col = col0 + 8 * (4 * block + lane_in_quad);
         *reinterpret_cast<uint4*>(base + int64_t(row) * row_stride + col) = make_uint4(seg[0], seg[1], seg[2], seg[3]);
       }
+    }
+  }
+}
+
+// base[(row_offset + row) * row_stride + col] += scale * acc(i) in fp32, for rows below
+// row_limit: one 8-byte atomic add (red.global.add.v2.f32) per adjacent column pair. Each
+// element receives one add per call, so the result depends only on the order of the calls.
+template <class Frag, class Coords>
+__device__ __forceinline__ void red_add_acc_rows_f32(Frag const& acc, Coords const& coords, float scale, float* base,
+                                                     int64_t row_stride, int row_offset, int row_limit) {
+  using namespace cute;
+  check_one_atom_per_warpgroup<Coords>();
+  constexpr int kValues = decltype(size(acc))::value;
+  static_assert(kValues % 2 == 0);
+  CUTLASS_PRAGMA_UNROLL
+  for (int i = 0; i < kValues; i += 2) {
+    int const row = row_offset + get<0>(coords(i));
+    if (row < row_limit) {
+      ptx::red_add_v2_f32(base + int64_t(row) * row_stride + get<1>(coords(i)), acc(i) * scale, acc(i + 1) * scale);
     }
   }
 }

@@ -1,7 +1,13 @@
 // Host launch of one backward: preprocess -> persistent main kernel -> dQ convert, all on
 // the caller's stream. Instantiated once per (head dim, element type) translation unit.
+//
+// Every check runs before the first launch, and none is an assert (the build defines
+// NDEBUG): a problem the kernels cannot run raises std::invalid_argument naming what was
+// asked and what is supported; an error never leaves a half-run backward.
 #pragma once
 
+#include <climits>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 
@@ -18,12 +24,53 @@ inline void check_cuda(cudaError_t err, char const* what) {
   }
 }
 
+// The TMA descriptors need 16-byte aligned base addresses and strides. A stride of a dim
+// of extent 1 is never multiplied by a non-zero index, so it is replaced by the contiguous
+// one (which is aligned) instead of being rejected.
+inline BSHDStrides checked_tma_strides(char const* name, void const* ptr, BSHDStrides s, int seqlen, int heads,
+                                       int batch, int head_dim, int elem_bytes) {
+  if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) {
+    throw std::invalid_argument(std::string("DASH backward: ") + name + " is not 16-byte aligned (TMA needs it)");
+  }
+  BSHDStrides out = s;
+  struct Dim { char const* what; int extent; int64_t* stride; int64_t contiguous; };
+  Dim const dims[3] = {{"seqlen", seqlen, &out.row, int64_t(heads) * head_dim},
+                       {"heads", heads, &out.head, int64_t(head_dim)},
+                       {"batch", batch, &out.batch, int64_t(seqlen) * heads * head_dim}};
+  for (Dim const& d : dims) {
+    if (d.extent == 1) {
+      *d.stride = d.contiguous;
+    } else if ((*d.stride * elem_bytes) % 16 != 0) {
+      throw std::invalid_argument(std::string("DASH backward: ") + name + " has stride " + std::to_string(*d.stride) +
+                                  " in its " + d.what + " dim, not a multiple of 16 bytes (TMA needs it)");
+    }
+  }
+  return out;
+}
+
+// cudaFuncSetAttribute once per kernel and device: it is host work every call would pay.
+template <class Kernel>
+void ensure_max_dynamic_smem(Kernel kernel, int smem_bytes) {
+  constexpr int kMaxDevices = 64;
+  static std::once_flag flags[kMaxDevices];
+  int device = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  auto set = [&] {
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes),
+               "cudaFuncSetAttribute(max dynamic shared memory)");
+  };
+  if (device < kMaxDevices) {
+    std::call_once(flags[device], set);
+  } else {
+    set();
+  }
+}
+
 template <class Traits, class Schedule>
 void launch_main_kernel(typename Traits::template MainParams<Schedule> const& mp, int num_ctas, cudaStream_t stream) {
   auto kernel = bwd_main_kernel<Traits, Schedule>;
   constexpr int smem_bytes = Traits::kSmemBytes;
-  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes),
-             "cudaFuncSetAttribute(max dynamic shared memory)");
+  ensure_max_dynamic_smem(kernel, smem_bytes);
 
   // Cooperative launch: the driver refuses a grid whose CTAs cannot all be resident at
   // once, so every CTA a deterministic wait may depend on is guaranteed to be running.
@@ -37,17 +84,21 @@ void launch_main_kernel(typename Traits::template MainParams<Schedule> const& mp
   cfg.stream = stream;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  check_cuda(cudaLaunchKernelEx(&cfg, kernel, mp), "launch of bwd_main_kernel");
+  cudaError_t const err = cudaLaunchKernelEx(&cfg, kernel, mp);
+  if (err == cudaErrorCooperativeLaunchTooLarge) {
+    (void)cudaGetLastError();  // clear the sticky launch error
+    throw std::runtime_error(
+        "DASH backward: the persistent grid of " + std::to_string(num_ctas) + " CTAs (one per SM, " +
+        std::to_string(smem_bytes / 1024) +
+        " KB shared memory each) does not fit on the GPU at once: other work (another process under MPS, a green "
+        "context) holds some SMs. Pass a larger sm_margin to leave them free.");
+  }
+  check_cuda(err, "launch of bwd_main_kernel");
 }
 
 template <int kHeadDim, bool Is_causal, class Element>
 void run_bwd_impl(BwdParams const& p, cudaStream_t stream) {
   using Traits = BwdTraits<kHeadDim, Is_causal, Element>;
-  // Every check before the first launch: an error never leaves a half-run backward.
-  if (p.schedule != BwdSchedule::kFa3) {
-    throw std::invalid_argument("DASH backward: schedule " + std::to_string(int(p.schedule)) +
-                                " is not implemented by the kernel; implemented: fa3");
-  }
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
 
@@ -60,6 +111,54 @@ void run_bwd_impl(BwdParams const& p, cudaStream_t stream) {
   int const num_m_blocks = geo.num_m_blocks();
   int64_t const stats_bh_stride = int64_t(num_m_blocks) * kBlockM;
 
+  // ---- checks --------------------------------------------------------------------------
+  // The pre/post-process grids are (Q tiles, heads, batch); y and z are limited to 65535.
+  if (p.num_heads > 65535 || p.batch > 65535) {
+    throw std::invalid_argument("DASH backward: batch=" + std::to_string(p.batch) + " and heads=" +
+                                std::to_string(p.num_heads) + " must each be at most 65535");
+  }
+  int64_t const num_columns64 = int64_t(geo.num_n_blocks()) * p.num_heads * p.batch;
+  if (num_columns64 > INT_MAX / 2) {
+    throw std::invalid_argument("DASH backward: " + std::to_string(num_columns64) +
+                                " columns (KV tiles x heads x batch) exceed the supported " +
+                                std::to_string(INT_MAX / 2));
+  }
+  int const num_columns = int(num_columns64);
+  if (p.num_ctas_max < 1) {
+    throw std::invalid_argument("DASH backward: no SM left for the persistent grid (num_ctas_max=" +
+                                std::to_string(p.num_ctas_max) + "); lower sm_margin");
+  }
+  int const num_ctas = num_columns < p.num_ctas_max ? num_columns : p.num_ctas_max;
+  bool const shift = p.schedule == BwdScheduleKind::kShift;
+  if (shift) {
+    if (Is_causal) {
+      throw std::invalid_argument("DASH backward: schedule 'shift' is for full masks; for causal use 'descending', "
+                                  "'interleaved', 'fa3' or 'auto'");
+    }
+    int const lanes = geo.num_n_blocks() < num_ctas ? geo.num_n_blocks() : num_ctas;
+    if (lanes > num_m_blocks) {
+      throw std::invalid_argument(
+          "DASH backward: schedule 'shift' needs at most as many concurrently running columns of a head (" +
+          std::to_string(lanes) + ") as Q tiles (" + std::to_string(num_m_blocks) +
+          "), i.e. seqlen_q long enough for seqlen_k; use 'auto', 'interleaved' or 'fa3'");
+    }
+  }
+  if (p.num_heads_k < 1 || p.num_heads % p.num_heads_k != 0) {
+    throw std::invalid_argument("DASH backward: heads=" + std::to_string(p.num_heads) +
+                                " is not a multiple of heads_k=" + std::to_string(p.num_heads_k));
+  }
+  bool const gqa = p.num_heads != p.num_heads_k;
+  if (gqa && (p.dk_accum == nullptr || p.dv_accum == nullptr || p.dkv_semaphore == nullptr)) {
+    throw std::invalid_argument("DASH backward: GQA needs dk_accum, dv_accum and dkv_semaphore");
+  }
+  int const eb = int(sizeof(Element));
+  BSHDStrides const q_st = checked_tma_strides("q", p.q, p.q_strides, p.seqlen_q, p.num_heads, p.batch, kHeadDim, eb);
+  BSHDStrides const do_st =
+      checked_tma_strides("dout", p.dout, p.dout_strides, p.seqlen_q, p.num_heads, p.batch, kHeadDim, eb);
+  BSHDStrides const k_st = checked_tma_strides("k", p.k, p.k_strides, p.seqlen_k, p.num_heads_k, p.batch, kHeadDim, eb);
+  BSHDStrides const v_st = checked_tma_strides("v", p.v, p.v_strides, p.seqlen_k, p.num_heads_k, p.batch, kHeadDim, eb);
+
+  // ---- preprocess ------------------------------------------------------------------------
   PrepostParams pp;
   pp.out = p.out;
   pp.dout = p.dout;
@@ -72,7 +171,7 @@ void run_bwd_impl(BwdParams const& p, cudaStream_t stream) {
   pp.dpsum = p.dpsum;
   pp.dq_accum = p.dq_accum;
   pp.dq_semaphore = p.dq_semaphore;
-  pp.work_counter = p.work_counter;
+  pp.counters = p.counters;
   pp.dq = p.dq;
   pp.dq_strides = p.dq_strides;
   pp.seqlen_q = p.seqlen_q;
@@ -86,51 +185,64 @@ void run_bwd_impl(BwdParams const& p, cudaStream_t stream) {
   check_cuda(cudaGetLastError(), "launch of bwd_preprocess_kernel");
 
   // ---- main kernel -----------------------------------------------------------------------
-  using ShapeBSHD = typename Traits::ShapeBSHD;
   auto make_gmem = [](void const* ptr, int seqlen, int heads, int batch, BSHDStrides s) {
-    return make_tensor(make_gmem_ptr(static_cast<Element const*>(ptr)),
-                       make_shape(seqlen, kHeadDim, heads, batch),
+    return make_tensor(make_gmem_ptr(static_cast<Element const*>(ptr)), make_shape(seqlen, kHeadDim, heads, batch),
                        make_stride(s.row, _1{}, s.head, s.batch));
   };
-  auto mQ = make_gmem(p.q, p.seqlen_q, p.num_heads, p.batch, p.q_strides);
-  auto mdO = make_gmem(p.dout, p.seqlen_q, p.num_heads, p.batch, p.dout_strides);
-  auto mK = make_gmem(p.k, p.seqlen_k, p.num_heads_k, p.batch, p.k_strides);
-  auto mV = make_gmem(p.v, p.seqlen_k, p.num_heads_k, p.batch, p.v_strides);
   auto const smem_q_one_stage = take<0, 2>(typename Traits::SmemLayoutQ{});
   auto const tile_q = Shape<Int<kBlockM>, Int<kHeadDim>>{};
   auto const tile_kv = Shape<Int<kBlockN>, Int<kHeadDim>>{};
-
-  using Schedule = Fa3Schedule;  // BwdSchedule::kFa3, the only kernel schedule so far (checked above)
-  typename Traits::template MainParams<Schedule> mp{
-      make_tma_copy(SM90_TMA_LOAD{}, mQ, smem_q_one_stage, tile_q, _1{}),
-      make_tma_copy(SM90_TMA_LOAD{}, mdO, smem_q_one_stage, tile_q, _1{}),
-      make_tma_copy(SM90_TMA_LOAD{}, mK, typename Traits::SmemLayoutK{}, tile_kv, _1{}),
-      make_tma_copy(SM90_TMA_LOAD{}, mV, typename Traits::SmemLayoutV{}, tile_kv, _1{}),
-      ShapeBSHD{p.seqlen_q, kHeadDim, p.num_heads, p.batch},
-      ShapeBSHD{p.seqlen_k, kHeadDim, p.num_heads_k, p.batch},
-      p.lse_log2,
-      p.dpsum,
-      stats_bh_stride,
-      p.dq_accum,
-      p.dq_semaphore,
-      p.work_counter,
-      static_cast<Element*>(p.dk),
-      static_cast<Element*>(p.dv),
-      p.dk_strides,
-      p.dv_strides,
-      p.softmax_scale,
-      float(p.softmax_scale * M_LOG2E),
-      p.num_heads,
-      p.num_heads / p.num_heads_k,
-      p.deterministic,
-      geo,
-      make_fa3_schedule(geo, p.num_heads, p.batch, p.deterministic),
+  auto launch = [&](auto schedule) {
+    using Schedule = decltype(schedule);
+    typename Traits::template MainParams<Schedule> mp;
+    mp.tma_q = make_tma_copy(SM90_TMA_LOAD{}, make_gmem(p.q, p.seqlen_q, p.num_heads, p.batch, q_st), smem_q_one_stage,
+                             tile_q, _1{});
+    mp.tma_do = make_tma_copy(SM90_TMA_LOAD{}, make_gmem(p.dout, p.seqlen_q, p.num_heads, p.batch, do_st),
+                              smem_q_one_stage, tile_q, _1{});
+    mp.tma_k = make_tma_copy(SM90_TMA_LOAD{}, make_gmem(p.k, p.seqlen_k, p.num_heads_k, p.batch, k_st),
+                             typename Traits::SmemLayoutK{}, tile_kv, _1{});
+    mp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, make_gmem(p.v, p.seqlen_k, p.num_heads_k, p.batch, v_st),
+                             typename Traits::SmemLayoutV{}, tile_kv, _1{});
+    mp.shape_q = typename Traits::ShapeBSHD{p.seqlen_q, kHeadDim, p.num_heads, p.batch};
+    mp.shape_k = typename Traits::ShapeBSHD{p.seqlen_k, kHeadDim, p.num_heads_k, p.batch};
+    mp.lse_log2 = p.lse_log2;
+    mp.dpsum = p.dpsum;
+    mp.stats_bh_stride = stats_bh_stride;
+    mp.dq_accum = p.dq_accum;
+    mp.dq_semaphore = p.dq_semaphore;
+    mp.counters = p.counters;
+    mp.dk = static_cast<Element*>(p.dk);
+    mp.dv = static_cast<Element*>(p.dv);
+    mp.dk_strides = p.dk_strides;
+    mp.dv_strides = p.dv_strides;
+    mp.dk_accum = gqa ? p.dk_accum : nullptr;
+    mp.dv_accum = gqa ? p.dv_accum : nullptr;
+    mp.dkv_accum_strides = p.dkv_accum_strides;
+    mp.dkv_semaphore = p.dkv_semaphore;
+    mp.trace = p.trace;
+    mp.trace_capacity = p.trace_capacity;
+    mp.softmax_scale = p.softmax_scale;
+    mp.softmax_scale_log2 = float(p.softmax_scale * M_LOG2E);
+    mp.num_heads = p.num_heads;
+    mp.num_heads_k = p.num_heads_k;
+    mp.heads_per_kv_head = p.num_heads / p.num_heads_k;
+    mp.deterministic = p.deterministic;
+    mp.defer_release = p.defer_release;
+    mp.schedule = schedule;
+    launch_main_kernel<Traits, Schedule>(mp, num_ctas, stream);
   };
-
-  int const num_columns = geo.num_n_blocks() * p.num_heads * p.batch;
-  int const num_ctas = num_columns < p.num_ctas_max ? num_columns : p.num_ctas_max;
-
-  launch_main_kernel<Traits, Schedule>(mp, num_ctas, stream);
+  // The kernel's geometry carries the tile sizes as compile-time constants.
+  auto const kgeo = geo.template with_blocks<StaticBlocks<kBlockM, kBlockN>>();
+  if constexpr (!Is_causal) {
+    if (shift) {
+      // The waves are planned for the grid actually launched (the bits depend on it).
+      launch(make_shift_schedule(kgeo, p.num_heads, p.batch, num_ctas));
+    } else {
+      launch(make_claimed_schedule(p.schedule, kgeo, kHeadDim, p.num_heads, p.batch, p.deterministic));
+    }
+  } else {
+    launch(make_claimed_schedule(p.schedule, kgeo, kHeadDim, p.num_heads, p.batch, p.deterministic));
+  }
 
   bwd_convert_dq_kernel<Traits><<<tile_grid, Traits::NumMmaThreads, 0, stream>>>(pp);
   check_cuda(cudaGetLastError(), "launch of bwd_convert_dq_kernel");

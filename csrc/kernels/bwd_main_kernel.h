@@ -98,6 +98,25 @@ struct BwdMainKernel {
     return item;
   }
 
+  // Runs body(item) for every column of this CTA, in order: claimed schedules read them
+  // from the producer's ring, static ones step through their fixed list (no ring, no state
+  // beyond the item itself).
+  template <class Body>
+  static __device__ __forceinline__ void for_each_column(Params const& params, SharedStorage& ss, Body&& body) {
+    auto const& sched = params.schedule;
+    if constexpr (Schedule::kClaimed) {
+      for (int k = 0;; ++k) {
+        int const item = next_work_item(ss, k);
+        if (item >= sched.num_columns()) { break; }
+        body(item);
+      }
+    } else {
+      for (int item = sched.item(blockIdx.x, 0); item < sched.num_columns(); item = sched.next_item(item)) {
+        body(item);
+      }
+    }
+  }
+
   // ---------------------------------------------------------------------------------------
   // Producer: one elected lane of warp 0.
   // ---------------------------------------------------------------------------------------
@@ -127,11 +146,13 @@ struct BwdMainKernel {
     int const num_columns = sched.num_columns();
     int item = sched.item(blockIdx.x, 0);
     for (int k = 0;; ++k) {
-      // Publish the item (mbarrier arrive has release semantics for the st.shared).
-      int const slot = k & 1;
-      ptx::mbar_wait(&ss.bar_work_empty[slot], ((k >> 1) & 1) ^ 1);
-      ss.work_item[slot] = item;
-      ptx::mbar_arrive(&ss.bar_work_full[slot]);
+      if constexpr (Schedule::kClaimed) {
+        // Publish the item (mbarrier arrive has release semantics for the st.shared).
+        int const slot = k & 1;
+        ptx::mbar_wait(&ss.bar_work_empty[slot], ((k >> 1) & 1) ^ 1);
+        ss.work_item[slot] = item;
+        ptx::mbar_arrive(&ss.bar_work_full[slot]);
+      }
       if (item >= num_columns) { break; }
 
       ColumnCoord const col = sched.column(item);
@@ -143,7 +164,7 @@ struct BwdMainKernel {
       if constexpr (Schedule::kClaimed) {
         // Items are claimed in increasing order (the deadlock-freedom argument in
         // schedule.h); the first gridDim.x items are the CTAs' first columns.
-        item = int(gridDim.x) + atomicAdd(params.work_counter, 1);
+        item = int(gridDim.x) + atomicAdd(params.counters + kWorkCounter, 1);
       } else {
         item = sched.item(blockIdx.x, k + 1);
       }
@@ -206,48 +227,69 @@ struct BwdMainKernel {
   // ---------------------------------------------------------------------------------------
   // dQ writer: warp 1 (all 32 lanes take part in the named barriers, lane 0 issues).
   //
-  // Deterministic protocol for the contribution of column n to Q tile m:
+  // Deterministic protocol for the contribution of column n to Q tile m (once both MMA
+  // warpgroups' partials are in the staging slices, kdQFull):
   //   1. lane 0 spins (ld.acquire.gpu) until sem[m] == turn(m, n), then a proxy fence so
   //      that our async-proxy reduce-add is ordered after the acquire;
   //   2. reduce-add every warpgroup's slice (cp.reduce.async.bulk, one group);
   //   3. wait_group.read 0: smem slices may be reused -> release them to the MMA warps;
-  //   4. wait_group 0 (no .read): the adds have been *performed in global memory*;
-  //      proxy fence, then red.release.gpu sem[m] += 1.
+  //   4. wait_group until this step's group has completed (no .read): the adds have been
+  //      *performed in global memory*; proxy fence, then red.release.gpu sem[m] += 1.
   // Step 4 is what makes the wait real: releasing after .read alone (FA3's protocol) lets
   // the next column's add overtake ours.
+  //
+  // Deferred release (params.defer_release, schedules with kConsistentOrder): step 4 of step i runs after step
+  // i+1's reduce-add was issued (wait_group 1: every group but the newest has completed), so
+  // the completion latency of one reduce overlaps the next instead of serialising the writer.
+  // Holding tile m_i while waiting for the turn at m_{i+1} cannot deadlock when every tile
+  // orders the columns of a head the same way: the columns we wait for precede us at every
+  // tile and so never wait for our release. The last step of a column is released before
+  // the writer turns to the next column.
   // ---------------------------------------------------------------------------------------
   static __device__ void dq_writer(Params const& params, SharedStorage& ss) {
     auto const& sched = params.schedule;
     int const lane = threadIdx.x % 32;
-    int const num_m_blocks = params.geo.num_m_blocks();
+    int const num_m_blocks = sched.geo.num_m_blocks();
     constexpr int kSliceFloats = Traits::kdQSliceFloats;
     constexpr uint32_t kBarThreads = 128 + 32;
+    bool const tracer = params.trace != nullptr && lane == 0;  // lane 0 records in trace mode
 
     // The staging slices start empty.
     CUTLASS_PRAGMA_UNROLL
     for (int w = 0; w < NumMmaWarpGroups; ++w) {
       ptx::named_arrive(uint32_t(BwdBarrier::kdQEmpty0) + w, kBarThreads);
     }
-    for (int k = 0;; ++k) {
-      int const item = next_work_item(ss, k);
-      if (item >= sched.num_columns()) { break; }
+    int pending_tile = -1, pending_rec = -1;  // deferred release (lane 0): the previous step's tile
+    for_each_column(params, ss, [&](int item) {
       ColumnCoord const col = sched.column(item);
       int const num_steps = sched.num_steps(col);
-      int64_t const bh = int64_t(col.b) * params.num_heads + col.h;
-      float* dq_accum_bh = params.dq_accum + bh * num_m_blocks * (kBlockM * kHeadDim);
-      int* sem_bh = params.dq_semaphore + bh * num_m_blocks;
+      // Q tile (b, h, m) is tile number bh * M + m of dQaccum and of the semaphores. 32-bit
+      // indices, not pointers, keep this warp within its 24 registers (launch checks the range).
+      int const bh = col.b * params.num_heads + col.h;
       for (int step = 0; step < num_steps; ++step) {
         int const m = sched.m_block(col, step);
-        if (params.deterministic && lane == 0) {
-          int const turn = sched.turn(col, m);
-          while (ptx::ld_acquire_gpu(sem_bh + m) != turn) {}
-          ptx::fence_proxy_async_global();
-        }
+        int const tile = bh * num_m_blocks + m;
+        // Trace mode: the record is claimed and filled as the step goes, so that no timestamp
+        // stays live in a register.
+        int const rec = tracer ? begin_record(params, bh, col.n, m, step) : -1;
+        // Both warpgroups' partials in smem, then the tile's turn, then the reduce-adds. (In
+        // this order a trace tells the wait for the MMA apart from the wait for the turn.)
         CUTLASS_PRAGMA_UNROLL
         for (int w = 0; w < NumMmaWarpGroups; ++w) {
           ptx::named_sync(uint32_t(BwdBarrier::kdQFull0) + w, kBarThreads);
-          if (lane == 0) {
-            ptx::bulk_reduce_add_f32(dq_accum_bh + int64_t(m) * (kBlockM * kHeadDim) + w * kSliceFloats,
+        }
+        if (rec >= 0) { params.trace[rec].t_ready = ptx::globaltimer_ns(); }
+        if (params.deterministic && lane == 0) {
+          int const turn = sched.turn(col, m);
+          if (rec >= 0) { params.trace[rec].turn = turn; }
+          while (ptx::ld_acquire_gpu(params.dq_semaphore + tile) != turn) {}
+          ptx::fence_proxy_async_global();
+        }
+        if (rec >= 0) { params.trace[rec].t_acquired = ptx::globaltimer_ns(); }
+        if (lane == 0) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int w = 0; w < NumMmaWarpGroups; ++w) {
+            ptx::bulk_reduce_add_f32(params.dq_accum + int64_t(tile) * (kBlockM * kHeadDim) + w * kSliceFloats,
                                      ss.smem_dq + w * kSliceFloats, kSliceFloats * sizeof(float));
           }
         }
@@ -260,14 +302,50 @@ struct BwdMainKernel {
         for (int w = 0; w < NumMmaWarpGroups; ++w) {
           ptx::named_arrive(uint32_t(BwdBarrier::kdQEmpty0) + w, kBarThreads);
         }
-        if (params.deterministic && lane == 0) {
-          ptx::bulk_wait_group<0>();
-          ptx::fence_proxy_async_global();
-          ptx::red_release_gpu_add(sem_bh + m, 1);
+        if (lane == 0) {
+          if (!params.deterministic) {
+            if (rec >= 0) { params.trace[rec].t_done = ptx::globaltimer_ns(); }
+          } else if (Schedule::kConsistentOrder && params.defer_release) {
+            if (pending_tile >= 0) { release_tile<1>(params, pending_tile, pending_rec); }
+            pending_tile = tile;
+            pending_rec = rec;
+          } else {
+            release_tile<0>(params, tile, rec);
+          }
         }
       }
-    }
+      if (lane == 0 && pending_tile >= 0) { release_tile<0>(params, pending_tile, pending_rec); }
+      pending_tile = -1;
+    });
     if (lane == 0) { ptx::bulk_wait_group<0>(); }
+  }
+
+  // Deterministic release of a tile once at most kInFlight younger bulk groups are pending:
+  // its reduce-add has been performed in global memory (wait_group without .read), then the
+  // proxy fence orders those async-proxy writes before the generic-proxy release.
+  template <int kInFlight>
+  static __device__ __forceinline__ void release_tile(Params const& params, int tile, int rec) {
+    ptx::bulk_wait_group<kInFlight>();
+    ptx::fence_proxy_async_global();
+    ptx::red_release_gpu_add(params.dq_semaphore + tile, 1);
+    if (rec >= 0) { params.trace[rec].t_done = ptx::globaltimer_ns(); }
+  }
+
+  // Claims the next trace record and fills what is known when the writer turns to a step;
+  // returns its index (-1: none).
+  static __device__ __forceinline__ int begin_record(Params const& params, int bh, int n, int m, int step) {
+    int const idx = atomicAdd(params.counters + kTraceCounter, 1);
+    if (idx >= params.trace_capacity) { return -1; }  // cannot happen: the host sized it by the schedule
+    // Read after the atomic's round trip, so that measured waits are turn waits only.
+    int64_t const t_wait = ptx::globaltimer_ns();
+    BwdTraceRecord& r = params.trace[idx];
+    r.cta = blockIdx.x;
+    r.bh = bh;
+    r.n = n;
+    r.m = m;
+    r.step = step;
+    r.t_wait = t_wait;
+    return idx;
   }
 
   // ---------------------------------------------------------------------------------------
@@ -275,7 +353,7 @@ struct BwdMainKernel {
   // ---------------------------------------------------------------------------------------
   static __device__ void mma(Params const& params, SharedStorage& ss, int mma_tidx) {
     auto const& sched = params.schedule;
-    auto const& geo = params.geo;
+    auto const& geo = sched.geo;
     int const wg = mma_tidx / 128;
     int const wg_tidx = mma_tidx % 128;
 
@@ -325,9 +403,7 @@ struct BwdMainKernel {
     uint32_t kv_phase = 0;
     int const seqlen_q = geo.seqlen_q, seqlen_k = geo.seqlen_k;
 
-    for (int k = 0;; ++k) {
-      int const item = next_work_item(ss, k);
-      if (item >= sched.num_columns()) { break; }
+    for_each_column(params, ss, [&](int item) {
       ColumnCoord const col = sched.column(item);
       int const num_steps = sched.num_steps(col);
 
@@ -432,18 +508,55 @@ struct BwdMainKernel {
 
       // Epilogue: dK (scaled; dS omitted the softmax scale) and dV straight from registers.
       // Rows past seqlen_k are not stored. A column with no Q tiles stores zeros.
-      store_dkv(params, col, tdKrdK, tdVrdV, tdKVcdKV);
-    }
+      store_dkv(params, col, tdKrdK, tdVrdV, tdKVcdKV, mma_tidx);
+    });
   }
 
+  // Without GQA: dK, dV of the column as Element rows. With GQA: the query heads of a KV
+  // group reduce-add their fp32 dK, dV into the group's accumulators; deterministic runs add
+  // in ascending query-head order, the same protocol as the dQ tiles:
+  //   1. thread 0 spins (ld.acquire.gpu) until sem[b, h_kv, n] == h % group; the barrier
+  //      then orders every MMA thread's adds after that acquire;
+  //   2. every thread adds its fragment (red.global.add.v2.f32: generic-proxy atomics);
+  //   3. barrier (all adds of the CTA issued before it), thread 0: fence.acq_rel.gpu
+  //      (cumulative over the adds the barrier made visible to it) + red.release.gpu += 1,
+  //      so the next head's acquire observes every add of ours: they have landed.
+  // Waits point to the same column of a lower query head, which every schedule claims or
+  // runs earlier (schedule.h), so they cannot deadlock.
   template <class Frag, class Coord>
   static __device__ __forceinline__ void store_dkv(Params const& params, ColumnCoord col, Frag const& tdKrdK,
-                                                   Frag const& tdVrdV, Coord const& tdKVcdKV) {
-    int const seqlen_k = params.geo.seqlen_k;
-    Element* dk = params.dk + int64_t(col.b) * params.dk_strides.batch + int64_t(col.h) * params.dk_strides.head;
-    Element* dv = params.dv + int64_t(col.b) * params.dv_strides.batch + int64_t(col.h) * params.dv_strides.head;
-    store_acc_rows_16B(tdKrdK, tdKVcdKV, params.softmax_scale, dk, params.dk_strides.row, col.n * kBlockN, seqlen_k);
-    store_acc_rows_16B(tdVrdV, tdKVcdKV, 1.0f, dv, params.dv_strides.row, col.n * kBlockN, seqlen_k);
+                                                   Frag const& tdVrdV, Coord const& tdKVcdKV, int mma_tidx) {
+    int const seqlen_k = params.schedule.geo.seqlen_k;
+    int const row0 = col.n * kBlockN;
+    if (params.dk_accum == nullptr) {
+      Element* dk = params.dk + int64_t(col.b) * params.dk_strides.batch + int64_t(col.h) * params.dk_strides.head;
+      Element* dv = params.dv + int64_t(col.b) * params.dv_strides.batch + int64_t(col.h) * params.dv_strides.head;
+      store_acc_rows_16B(tdKrdK, tdKVcdKV, params.softmax_scale, dk, params.dk_strides.row, row0, seqlen_k);
+      store_acc_rows_16B(tdVrdV, tdKVcdKV, 1.0f, dv, params.dv_strides.row, row0, seqlen_k);
+      return;
+    }
+    int const h_kv = col.h / params.heads_per_kv_head;
+    BSHDStrides const& st = params.dkv_accum_strides;
+    int64_t const offset = int64_t(col.b) * st.batch + int64_t(h_kv) * st.head;
+    int* sem = params.dkv_semaphore +
+               (int64_t(col.b) * params.num_heads_k + h_kv) * params.schedule.geo.num_n_blocks() + col.n;
+    if (params.deterministic) {
+      if (mma_tidx == 0) {
+        int const turn = col.h - h_kv * params.heads_per_kv_head;
+        while (ptx::ld_acquire_gpu(sem) != turn) {}
+      }
+      __syncwarp();  // reconverge before the aligned bar.sync
+      ptx::named_sync(uint32_t(BwdBarrier::kdKVOrder), NumMmaThreads);
+    }
+    red_add_acc_rows_f32(tdKrdK, tdKVcdKV, params.softmax_scale, params.dk_accum + offset, st.row, row0, seqlen_k);
+    red_add_acc_rows_f32(tdVrdV, tdKVcdKV, 1.0f, params.dv_accum + offset, st.row, row0, seqlen_k);
+    if (params.deterministic) {
+      ptx::named_sync(uint32_t(BwdBarrier::kdKVOrder), NumMmaThreads);
+      if (mma_tidx == 0) {
+        ptx::fence_acq_rel_gpu();
+        ptx::red_release_gpu_add(sem, 1);
+      }
+    }
   }
 };
 

@@ -5,13 +5,25 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "schedule/schedule.h"  // BwdScheduleKind (plain C++)
+
 namespace dash {
 
 enum class DType : int { kBFloat16 = 0, kFloat16 = 1 };
 
-// Deterministic reduction schedules the kernel implements; each names a policy type in
-// schedule/schedule.h (kFa3 -> Fa3Schedule).
-enum class BwdSchedule : int { kFa3 = 0 };
+// One (column, Q tile) step as the dQ writer saw it, in trace mode. Times are %globaltimer
+// nanoseconds (a coarse clock: 32 ns to 1 us steps, by GPU): t_wait when the writer turned
+// to the step, t_ready when both MMA warpgroups' dQ partials were in shared memory,
+// t_acquired when the tile's turn had come (= t_ready without determinism), t_done when the
+// reduce-add had landed and the tile was released (deterministic; with a deferred release,
+// after the next step's reduce-add was issued) or the staging slice was free (otherwise).
+// turn is -1 without determinism; bh = b * heads + h. Fields not reached stay -1.
+// 64 bytes; Python reads a record as 8 int32 then 4 int64.
+struct BwdTraceRecord {
+  int32_t cta, bh, n, m, step, turn, reserved0, reserved1;
+  int64_t t_wait, t_ready, t_acquired, t_done;
+};
+static_assert(sizeof(BwdTraceRecord) == 64, "dash.trace reads 64-byte records");
 
 // Element strides of a (batch, seqlen, heads, head_dim) tensor whose last dim is contiguous.
 struct BSHDStrides {
@@ -32,11 +44,19 @@ struct BwdParams {
   void const* dout = nullptr;
   BSHDStrides q_strides, k_strides, v_strides, out_strides, dout_strides;
 
-  // Outputs. dk/dv have num_heads heads (one per query head); the caller sums groups for GQA.
+  // Outputs, shaped like q, k, v. Under GQA (num_heads > num_heads_k) dk/dv are unused:
+  // each query head reduce-adds its fp32 dK/dV into dk_accum/dv_accum (shaped like k,
+  // zero-initialised by the caller, cast by the caller afterwards) in ascending query-head
+  // order when deterministic, ordered by dkv_semaphore (batch, heads_k, num_n_blocks ints,
+  // zeroed by the caller).
   void* dq = nullptr;
   void* dk = nullptr;
   void* dv = nullptr;
   BSHDStrides dq_strides, dk_strides, dv_strides;
+  float* dk_accum = nullptr;
+  float* dv_accum = nullptr;
+  BSHDStrides dkv_accum_strides;
+  int* dkv_semaphore = nullptr;
 
   // Forward log-sum-exp, natural log of sum_j exp(scale * s_ij): (batch, heads, seqlen_q),
   // seqlen stride 1.
@@ -46,23 +66,35 @@ struct BwdParams {
   float softmax_scale = 0.f;
   bool causal = false;
   bool deterministic = false;
-  BwdSchedule schedule = BwdSchedule::kFa3;
+  BwdScheduleKind schedule = BwdScheduleKind::kFa3;
+  // Deterministic dQ writer: release each tile one step late, so the completion wait of one
+  // reduce-add overlaps the next (only schedules whose turns follow one column order per
+  // head use it). DASH_DQ_RELEASE=immediate turns it off (a measurement knob).
+  bool defer_release = true;
   int num_ctas_max = 0;  // SMs the persistent grid may use (device SMs - sm_margin)
+
+  // Trace mode (null = off): one record per (column, Q tile) step, trace_capacity of them
+  // (bwd_trace_steps()); the kernel numbers them with the workspace's trace counter.
+  BwdTraceRecord* trace = nullptr;
+  int64_t trace_capacity = 0;
 
   // Workspace, sized by bwd_workspace_sizes() and zero-initialised by the preprocess kernel.
   float* lse_log2 = nullptr;      // (batch, heads, seqlen_q rounded up to kBlockM)
   float* dpsum = nullptr;         // D = rowsum(dO * O), same shape
   float* dq_accum = nullptr;      // (batch, heads, num_m_blocks, kBlockM * head_dim), MMA fragment order
   int* dq_semaphore = nullptr;    // (batch, heads, num_m_blocks)
-  int* work_counter = nullptr;    // one int: columns claimed by the persistent CTAs
+  int* counters = nullptr;        // kNumCounters ints, zeroed by the preprocess kernel
 };
+
+// Counters of the workspace: columns claimed by the persistent CTAs, trace records written.
+enum BwdCounter : int { kWorkCounter = 0, kTraceCounter = 1, kNumCounters = 2 };
 
 struct BwdWorkspaceSizes {
   size_t lse_log2_floats = 0;
   size_t dpsum_floats = 0;
   size_t dq_accum_floats = 0;
   size_t semaphore_ints = 0;
-  size_t counter_ints = 1;
+  size_t counter_ints = kNumCounters;
 };
 
 }  // namespace dash

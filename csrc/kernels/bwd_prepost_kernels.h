@@ -2,8 +2,9 @@
 //
 // bwd_preprocess_kernel  (grid: Q tiles x heads x batch): D = rowsum(dO * O) in fp32,
 //   LSE in log2 units (padded rows +inf so their P is 0; fully masked rows 0 so their P is
-//   0 rather than NaN), zeroes this tile's dQaccum chunk and dQ semaphore. It is the only
-//   initialiser of the workspace, so it must precede the main kernel on the same stream.
+//   0 rather than NaN), zeroes this tile's dQaccum chunk and dQ semaphore (and the block of
+//   tile (0, 0, 0) the counters). It is the only initialiser of the workspace, so it must
+//   precede the main kernel on the same stream.
 //
 // bwd_convert_dq_kernel  (same grid): dQ = scale * dQaccum, cast to the output dtype. The
 //   dQaccum chunk is in the main kernel's fragment order; the same TiledMmadQ partition
@@ -28,7 +29,7 @@ struct PrepostParams {
   float* dpsum;
   float* dq_accum;
   int* dq_semaphore;
-  int* work_counter;
+  int* counters;  // BwdCounter
   void* dq;
   BSHDStrides dq_strides;
   int seqlen_q, num_heads, num_m_blocks;
@@ -82,7 +83,7 @@ __global__ void __launch_bounds__(kPreprocessThreads)
   float4* chunk = reinterpret_cast<float4*>(p.dq_accum + (bh * p.num_m_blocks + m) * (kBlockM * kHeadDim));
   for (int i = tid; i < kBlockM * kHeadDim / 4; i += kPreprocessThreads) { chunk[i] = make_float4(0.f, 0.f, 0.f, 0.f); }
   if (tid == 0) { p.dq_semaphore[bh * p.num_m_blocks + m] = 0; }
-  if (tid == 0 && m == 0 && h == 0 && b == 0) { *p.work_counter = 0; }
+  if (tid < kNumCounters && m == 0 && h == 0 && b == 0) { p.counters[tid] = 0; }
 }
 
 template <class Traits>

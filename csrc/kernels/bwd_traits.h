@@ -41,7 +41,8 @@ struct BwdTraits {
   static_assert(kStagesdS == 2, "the consumer's barrier placement assumes double-buffered dS");
   static_assert(kStagesQ == kStagesdO, "Q and dO advance in lock step");
 
-  // Register budget after setmaxnreg: 128*24 + 256*240 = 64512 = 384 threads * 168.
+  // Register budget after setmaxnreg: 128*24 + 256*240 = 64512 = 384 threads * 168 (what
+  // the launch allocates, so the MMA warpgroups' increase is always satisfiable).
   static constexpr int kProducerRegisters = 24;
   static constexpr int kMmaRegisters = 240;
 
@@ -147,6 +148,8 @@ struct BwdTraits {
   static_assert(kSmemBytes <= 227 * 1024, "shared storage exceeds the sm_90 per-block limit");
 
   // ---- Kernel parameters -----------------------------------------------------------------
+  // Filled member by member by the launch layer (bwd_launch.h); the tile geometry lives in
+  // the schedule only.
   template <class Schedule>
   struct MainParams {
     TMA_QdO tma_q, tma_do;
@@ -157,15 +160,21 @@ struct BwdTraits {
     int64_t stats_bh_stride;  // = seqlen_q_rounded
     float* dq_accum;
     int* dq_semaphore;
-    int* work_counter;  // items claimed beyond each CTA's first; zeroed by the preprocess kernel
+    int* counters;  // BwdCounter: work items claimed, trace records; zeroed by the preprocess kernel
     Element* dk;
     Element* dv;
     BSHDStrides dk_strides, dv_strides;
+    float* dk_accum;  // GQA: fp32 group sums (shaped like k); null without GQA
+    float* dv_accum;
+    BSHDStrides dkv_accum_strides;
+    int* dkv_semaphore;  // GQA + deterministic: (b, heads_k, num_n_blocks)
+    BwdTraceRecord* trace;  // trace mode, else null
+    int64_t trace_capacity;
     float softmax_scale;
     float softmax_scale_log2;
-    int num_heads, heads_per_kv_head;
+    int num_heads, num_heads_k, heads_per_kv_head;
     bool deterministic;
-    TileGeometry geo;
+    bool defer_release;  // dQ writer: release a tile one step late (kConsistentOrder schedules)
     Schedule schedule;
   };
 };
@@ -175,6 +184,7 @@ enum class BwdBarrier : uint32_t {
   kdSReady = 1,     // all MMA threads: dS of both warpgroups is in smem
   kdQEmpty0 = 2,    // + warpgroup w: its dQ staging slice may be overwritten (MMA WG + writer warp)
   kdQFull0 = 2 + 4, // + warpgroup w: its dQ staging slice holds a new partial (MMA WG + writer warp)
+  kdKVOrder = 10,   // all MMA threads: GQA dK/dV adds, around the group's turn (store_dkv)
 };
 
 }  // namespace dash

@@ -2,8 +2,9 @@
 // directly: mbarriers, named barriers, bulk (non-tensor) copies and reduce-adds, and the
 // global-memory semaphore used by the deterministic dQ reduction.
 //
-// Memory-ordering notes live beside each primitive; the deterministic protocol that
-// combines them is documented in dq_writer.h.
+// Memory-ordering notes live beside each primitive; the deterministic protocols that
+// combine them are documented at BwdMainKernel::dq_writer and BwdMainKernel::store_dkv
+// (kernels/bwd_main_kernel.h).
 #pragma once
 
 #include <cstdint>
@@ -123,6 +124,22 @@ __device__ __forceinline__ int ld_acquire_gpu(int const* p) {
 
 __device__ __forceinline__ void red_release_gpu_add(int* p, int v) {
   asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+
+// GPU-scope fence, cumulative: writes this thread has observed (through a CTA barrier, the
+// other threads' writes too) are ordered before its later writes at GPU scope.
+__device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;\n" ::: "memory"); }
+
+// gmem[0..1] += (a, b): one relaxed GPU-scope atomic add of a float pair (sm_90), 8-byte aligned.
+__device__ __forceinline__ void red_add_v2_f32(float* gmem, float a, float b) {
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(gmem), "f"(a), "f"(b) : "memory");
+}
+
+// Nanoseconds since an arbitrary epoch, common to all SMs (trace mode only).
+__device__ __forceinline__ int64_t globaltimer_ns() {
+  int64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+  return t;
 }
 
 }  // namespace dash::ptx

@@ -11,6 +11,11 @@
 //   Q tile m   = kBlockM query rows, m in [0, M)
 //   turn(m, n) = how many contributions to dQ tile m must have landed before column n's
 //                contribution is added (equality wait on the tile's semaphore).
+//
+// Deadlock freedom of every schedule below assumes that all CTAs of the grid are resident
+// at once (a wait may point to a column another CTA holds). The launch guarantees it: the
+// persistent grid is launched cooperatively, which the driver refuses when the CTAs cannot
+// all be co-resident (bwd_launch.h).
 #pragma once
 
 #if defined(__CUDACC__)
@@ -27,22 +32,34 @@ DASH_HOST_DEVICE int max_int(int a, int b) { return a > b ? a : b; }
 // Floor division for a possibly negative numerator and a positive divisor.
 DASH_HOST_DEVICE int floor_div_int(int a, int b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
 
+// Tile sizes of a geometry: run-time values (host code, the schedule probe) or compile-time
+// constants (the kernels: every division by a tile size becomes a multiply-shift, which
+// the dQ writer's 24 registers and every step of every role feel).
+struct RuntimeBlocks {
+  int block_m = 0, block_n = 0;
+};
+template <int kBlockM, int kBlockN>
+struct StaticBlocks {
+  static constexpr int block_m = kBlockM;
+  static constexpr int block_n = kBlockN;
+};
+
 // Tile ranges of one (batch, head) problem under a full or a causal mask. Causal uses
 // FA3's bottom-right alignment: query i sees key j iff j <= i + seqlen_k - seqlen_q.
-struct TileGeometry {
+template <class Blocks>
+struct TileGeometryT : Blocks {
   int seqlen_q = 0, seqlen_k = 0;
-  int block_m = 0, block_n = 0;
   bool causal = false;
 
-  DASH_HOST_DEVICE int num_m_blocks() const { return ceil_div_int(seqlen_q, block_m); }
-  DASH_HOST_DEVICE int num_n_blocks() const { return ceil_div_int(seqlen_k, block_n); }
+  DASH_HOST_DEVICE int num_m_blocks() const { return ceil_div_int(seqlen_q, this->block_m); }
+  DASH_HOST_DEVICE int num_n_blocks() const { return ceil_div_int(seqlen_k, this->block_n); }
 
   // Column n contributes to Q tiles [m_begin(n), m_end(n)).
   DASH_HOST_DEVICE int m_begin(int n) const {
     if (!causal) return 0;
     // First query row that sees key n*block_n is n*block_n - (seqlen_k - seqlen_q).
-    int const first_row = n * block_n + seqlen_q - seqlen_k;
-    return min_int(max_int(floor_div_int(first_row, block_m), 0), num_m_blocks());
+    int const first_row = n * this->block_n + seqlen_q - seqlen_k;
+    return min_int(max_int(floor_div_int(first_row, this->block_m), 0), num_m_blocks());
   }
   DASH_HOST_DEVICE int m_end(int /*n*/) const { return num_m_blocks(); }
 
@@ -50,23 +67,52 @@ struct TileGeometry {
   DASH_HOST_DEVICE int n_end(int m) const {
     if (!causal) return num_n_blocks();
     // Last key seen by the tile's last row is (m+1)*block_m - 1 + seqlen_k - seqlen_q.
-    int const keys_seen = (m + 1) * block_m + seqlen_k - seqlen_q;
-    return min_int(max_int(ceil_div_int(max_int(keys_seen, 0), block_n), 0), num_n_blocks());
+    int const keys_seen = (m + 1) * this->block_m + seqlen_k - seqlen_q;
+    return min_int(max_int(ceil_div_int(max_int(keys_seen, 0), this->block_n), 0), num_n_blocks());
   }
 
   // Whether tile (m, n) has any (query, key) pair that must be masked: a key tail
   // beyond seqlen_k, or (causal) keys right of the diagonal for some row of the tile.
   DASH_HOST_DEVICE bool needs_mask(int m, int n) const {
-    bool const key_tail = (n + 1) * block_n > seqlen_k;
+    bool const key_tail = (n + 1) * this->block_n > seqlen_k;
     if (!causal) return key_tail;
-    int const last_key = (n + 1) * block_n - 1;
-    int const first_row_limit = m * block_m + seqlen_k - seqlen_q;  // keys <= this are visible to row m*block_m
+    int const last_key = (n + 1) * this->block_n - 1;
+    int const first_row_limit = m * this->block_m + seqlen_k - seqlen_q;  // keys <= this are visible to row m*block_m
     return key_tail || last_key > first_row_limit;
+  }
+
+  // The same geometry with other (e.g. compile-time) tile sizes.
+  template <class OtherBlocks>
+  DASH_HOST_DEVICE TileGeometryT<OtherBlocks> with_blocks() const {
+    TileGeometryT<OtherBlocks> g;
+    g.seqlen_q = seqlen_q;
+    g.seqlen_k = seqlen_k;
+    g.causal = causal;
+    return g;
   }
 };
 
+using TileGeometry = TileGeometryT<RuntimeBlocks>;
+
+// L2 working set of one head while its columns run: every column reads all of the head's
+// Q and dO tiles (bf16) and reduce-adds into all of its fp32 dQaccum tiles.
+DASH_HOST_DEVICE int l2_section_heads(int seqlen_q, int head_dim, int batch_heads) {
+  // 32 MiB of the 50 MiB L2 (H100/H200), leaving room for K/V, LSE/D and other work.
+  long long const budget = 32ll << 20;
+  long long const per_head = 8ll * seqlen_q * head_dim;  // Q + dO (2 B each) + dQaccum (4 B)
+  int w = 1;
+  while (w < batch_heads && 2ll * w * per_head <= budget) { w *= 2; }
+  return min_int(w, max_int(batch_heads, 1));
+}
+
+// One work item of the persistent grid: column n of head h of batch b. rank = the column's
+// position among its head's items (its claim rank); the static shift schedule also keeps
+// the column's place in its wave.
 struct ColumnCoord {
   int n = 0, h = 0, b = 0;
+  int slot = 0;    // shift: position among the head's columns in this wave
+  int first = 0;   // shift: the head's columns in earlier waves
+  int width = 1;   // shift: the head's columns in this wave
 };
 
 // A schedule is a policy type the kernel is templated on. It provides:
@@ -75,66 +121,168 @@ struct ColumnCoord {
 //   static constexpr bool kClaimed;          true: after its first item (its CTA index) a CTA
 //                                            claims the next item id from a global counter;
 //                                            false: CTA x runs item(x, 0), item(x, 1), ...
+//   static constexpr bool kPortable;         the accumulation order does not depend on the
+//                                            number of CTAs (bits equal on every Hopper part)
+//   static constexpr bool kConsistentOrder;  every tile orders the contributions of a head's
+//                                            columns the same way (a total order of columns),
+//                                            so the dQ writer may defer a release by one step
 //   int item(int cta, int k) const;          (static schedules) the k-th item of CTA cta
+//   int next_item(int item) const;           (static schedules) the item after `item` on its CTA
 //   ColumnCoord column(int item) const;      which column an item is
 //   int num_steps(ColumnCoord) const;        Q tiles the column visits
 //   int m_block(ColumnCoord, int step) const the step-th Q tile it visits
 //   int turn(ColumnCoord, int m) const;      its turn in dQ tile m's accumulation order
 // The mainloop only ever calls these; the Python model (dash.schedules) is the spec.
 
-// FA3's schedule on a persistent grid.
+// Claimed schedules: `fa3`, `interleaved`, `descending` (their names in dash.schedules).
 //
-// Work items are columns with linear id L = k + N*(h + H*b), claimed in increasing L:
-// CTA x starts with item x, then each CTA claims the next unclaimed item (an atomic
-// counter) whenever its producer is ready for more work. That greedy claiming is what
-// the hardware block dispatcher does for FA3's one-CTA-per-column grid; a static
-// round-robin instead correlates column lengths with CTAs (e.g. N = 128, 132 CTAs) and
-// unbalances causal problems. Item L is column n = k (ascending), or n = N-1-k when
-// shortest_first (FA3's "SPT" order for causal deterministic, which matches its
-// descending dQ turns). Each column visits its Q tiles in ascending order.
+// Work items are numbered L = 0, 1, ... and claimed in increasing L: CTA x starts with
+// item x, then each CTA claims the next unclaimed item (an atomic counter) whenever its
+// producer is ready for more work -- what the hardware block dispatcher does for FA3's
+// one-CTA-per-column grid, without its imbalance of static round-robin.
 //
-// Turns: full mask, turn(m, n) = n (ascending column order). Causal,
-// turn(m, n) = n_end(m) - 1 - n (descending). The accumulation order depends on (m, n)
-// only, not on which CTA runs a column, so the bits are independent of the grid size.
-// Every wait points to a column with a smaller L; items are claimed in increasing L, so
-// the smallest unfinished item is held by a running CTA and never waits: deadlock-free for
-// any number of CTAs.
-struct Fa3Schedule {
+// Item order. Heads hd = b*H + h are cut into L2 sections of `section_heads` consecutive
+// heads; inside a section the head varies fastest and the column rank k slowest, so
+// consecutive items are the same column of different heads (FA4's launch order). The k-th
+// column of a head is n = k, or n = N-1-k when `shortest_first`. section_heads = 1 is
+// FA3's order (column fastest). Interleaving matters for the deterministic mode: the
+// columns of one head then start a whole section of claims apart instead of all at once,
+// so each reaches a dQ tile after its predecessor in the turn order has left it, and the
+// staircase of waits of FA3's order (every column of a wave waiting at the same first tile)
+// disappears; sections keep the heads in flight within L2.
+//
+// Visits: ascending from m_begin(n), or descending from M-1 (the paper's descending Q-tile
+// iteration). Turns: ascending column order (turn = n), or under a causal mask descending
+// (turn = n_end(m) - 1 - n, FA3's order for its shortest-first columns).
+//
+// Every turn depends on (m, n) only, so the bits are independent of the grid size. Every
+// wait points to a column of the same head that precedes the waiting one in the item
+// order (ascending turns with n = k, descending turns with n = N-1-k); items are claimed in
+// increasing L, so the smallest unfinished item is held by a running CTA and never waits:
+// deadlock-free for any number of CTAs >= 1.
+template <class Geometry = TileGeometry>
+struct ClaimedSchedule {
   static constexpr bool kClaimed = true;
-  TileGeometry geo;
+  static constexpr bool kPortable = true;
+  static constexpr bool kConsistentOrder = true;
+  Geometry geo;
   int num_heads = 0, num_batch = 0;
+  int section_heads = 1;
   bool shortest_first = false;
-  bool descending_turns = false;  // causal: turn = n_end(m) - 1 - n
+  bool visit_descending = false;
+  bool descending_turns = false;
 
   DASH_HOST_DEVICE int num_columns() const { return geo.num_n_blocks() * num_heads * num_batch; }
   DASH_HOST_DEVICE int item(int cta, int /*k*/) const { return cta; }  // claimed: only the first is static
   DASH_HOST_DEVICE ColumnCoord column(int L) const {
     int const N = geo.num_n_blocks();
-    int const k_in_head = L % N;
-    int const hb = L / N;
+    int const batch_heads = num_heads * num_batch;
+    int const section = L / (section_heads * N);
+    int const in_section = L - section * section_heads * N;
+    int const width = min_int(section_heads, batch_heads - section * section_heads);
+    int const k = in_section / width;
+    int const hd = section * section_heads + (in_section - k * width);
     ColumnCoord c;
-    c.n = shortest_first ? N - 1 - k_in_head : k_in_head;
-    c.h = hb % num_heads;
-    c.b = hb / num_heads;
+    c.n = shortest_first ? N - 1 - k : k;
+    c.h = hd % num_heads;
+    c.b = hd / num_heads;
     return c;
   }
   DASH_HOST_DEVICE int num_steps(ColumnCoord c) const { return max_int(geo.m_end(c.n) - geo.m_begin(c.n), 0); }
-  DASH_HOST_DEVICE int m_block(ColumnCoord c, int step) const { return geo.m_begin(c.n) + step; }
+  DASH_HOST_DEVICE int m_block(ColumnCoord c, int step) const {
+    return visit_descending ? geo.m_end(c.n) - 1 - step : geo.m_begin(c.n) + step;
+  }
   DASH_HOST_DEVICE int turn(ColumnCoord c, int m) const {
     return descending_turns ? geo.n_end(m) - 1 - c.n : c.n;
   }
 };
 
-// FA3's deterministic order for a problem: shortest-first columns and descending turns
-// under a causal mask, ascending otherwise. Non-deterministic runs use the same
-// assignment without shortest-first (longest columns first balances the tail better).
-DASH_HOST_DEVICE Fa3Schedule make_fa3_schedule(TileGeometry geo, int num_heads, int num_batch, bool deterministic) {
-  Fa3Schedule s;
+// The paper's shift schedule (full mask), on static waves planned for the launched grid.
+//
+// Columns are numbered L = n + N*(b*H + h) and CTA x runs L = x, x + P, x + 2P, ... (P =
+// the grid): wave w holds L in [wP, (w+1)P). The `width` columns of one head that share a
+// wave have slots a = 0..width-1; slot a visits Q tiles a, a+1, ..., wrapping at M, so at
+// any step no two of them touch the same tile (a cyclic Latin square), and each tile's
+// turn numbers its contributions in the order a lock-step run delivers them: first the
+// `first` columns of the head in earlier waves, then the wave's columns in arrival order
+// a = min(m, width-1), ..., 0, width-1, ..., m+1 -- nobody waits in the model.
+//
+// The turns depend on P: NOT portable (the bits change with the SM count or sm_margin);
+// reached only by naming it. Needs width <= M (at most M columns of a head in one wave),
+// i.e. min(N, P) <= M, checked by the host. Deadlock-free for any P: every wait points to
+// an earlier wave or to an earlier step of the same wave, and each CTA runs its waves in
+// order on a co-resident grid.
+template <class Geometry = TileGeometry>
+struct ShiftSchedule {
+  static constexpr bool kClaimed = false;
+  static constexpr bool kPortable = false;
+  static constexpr bool kConsistentOrder = false;  // arrival order differs from tile to tile
+  Geometry geo;
+  int num_heads = 0, num_batch = 0;
+  int num_ctas = 1;  // P: the grid the waves are planned for (must be the launched grid)
+
+  DASH_HOST_DEVICE int num_columns() const { return geo.num_n_blocks() * num_heads * num_batch; }
+  DASH_HOST_DEVICE int item(int cta, int k) const { return cta + k * num_ctas; }
+  DASH_HOST_DEVICE int next_item(int item) const { return item + num_ctas; }  // item(cta, k) -> item(cta, k + 1)
+  DASH_HOST_DEVICE ColumnCoord column(int L) const {
+    int const N = geo.num_n_blocks();
+    int const hd = L / N;
+    int const wave_begin = (L / num_ctas) * num_ctas;
+    ColumnCoord c;
+    c.n = L - hd * N;
+    c.h = hd % num_heads;
+    c.b = hd / num_heads;
+    c.first = max_int(0, wave_begin - hd * N);
+    c.slot = c.n - c.first;
+    c.width = min_int(wave_begin + num_ctas, (hd + 1) * N) - max_int(wave_begin, hd * N);
+    return c;
+  }
+  DASH_HOST_DEVICE int num_steps(ColumnCoord /*c*/) const { return geo.num_m_blocks(); }
+  DASH_HOST_DEVICE int m_block(ColumnCoord c, int step) const {
+    int const M = geo.num_m_blocks();
+    int const m = c.slot + step;  // slot < width <= M
+    return m >= M ? m - M : m;
+  }
+  DASH_HOST_DEVICE int turn(ColumnCoord c, int m) const {
+    int const last = min_int(m, c.width - 1);
+    int const r = last - c.slot;
+    return c.first + (r >= 0 ? r : r + c.width);
+  }
+};
+
+// Schedule names shared with Python (dash.schedules / dash.interface).
+enum class BwdScheduleKind : int { kFa3 = 0, kInterleaved = 1, kDescending = 2, kShift = 3 };
+
+// The claimed schedules. A non-deterministic run keeps the schedule's item and visit order
+// but takes the longest columns first (balances the tail); its turns are unused.
+template <class Geometry>
+DASH_HOST_DEVICE ClaimedSchedule<Geometry> make_claimed_schedule(BwdScheduleKind kind, Geometry geo, int head_dim,
+                                                                 int num_heads, int num_batch, bool deterministic) {
+  ClaimedSchedule<Geometry> s;
   s.geo = geo;
   s.num_heads = num_heads;
   s.num_batch = num_batch;
-  s.shortest_first = geo.causal && deterministic;
-  s.descending_turns = geo.causal;
+  s.section_heads = kind == BwdScheduleKind::kFa3
+                        ? 1
+                        : l2_section_heads(geo.seqlen_q, head_dim, num_heads * num_batch);
+  // FA3's causal deterministic order: shortest columns first with descending turns (the
+  // order in which its columns reach a tile). Descending visits go longest first with
+  // ascending turns: every column starts at the last tile, column n right after n-1.
+  bool const fa3_causal = geo.causal && kind != BwdScheduleKind::kDescending;
+  s.shortest_first = fa3_causal && deterministic;
+  s.descending_turns = fa3_causal;
+  s.visit_descending = kind == BwdScheduleKind::kDescending;
+  return s;
+}
+
+template <class Geometry>
+DASH_HOST_DEVICE ShiftSchedule<Geometry> make_shift_schedule(Geometry geo, int num_heads, int num_batch,
+                                                             int num_ctas) {
+  ShiftSchedule<Geometry> s;
+  s.geo = geo;
+  s.num_heads = num_heads;
+  s.num_batch = num_batch;
+  s.num_ctas = num_ctas;
   return s;
 }
 

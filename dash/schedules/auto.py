@@ -68,3 +68,64 @@ def portability_cost(problem: Problem, ctas: int, costs: Costs | None = None, *,
     pb, pm = port[0]
     return {"best": best, "best_makespan": bm, "best_portable": pb, "portable_makespan": pm,
             "slowdown": pm / bm if bm > 0 else 1.0}
+
+
+# --------------------------------------------------------------------------------------------
+# schedule="auto" at call time
+# --------------------------------------------------------------------------------------------
+
+#: Kernel schedules whose bits do not depend on the CTA count: what ``auto`` picks among, so
+#: that ``auto`` gives the same bits on every Hopper part and with any ``sm_margin``.
+PORTABLE_KERNEL_SCHEDULES: tuple[str, ...] = ("fa3", "interleaved", "descending")
+
+#: Model costs per (head dim, causal), in microseconds, fitted to measured traces of the
+#: kernel on an H200 (docs/scheduling-model.md, "Calibration"). Shapes not listed use DEFAULT.
+KERNEL_COSTS: dict[tuple[int, bool], Costs] = {}
+DEFAULT_KERNEL_COSTS = Costs(c=1.0, r=0.3, latency=0.5)
+
+#: ``auto`` simulates at most this many waves of columns of the grid (the steady state
+#: repeats), keeping the full problem's L2 sections, so a choice costs milliseconds.
+AUTO_MAX_WAVES = 3
+
+
+def kernel_costs(head_dim: int, causal: bool) -> Costs:
+    """The calibrated model costs of the kernel for a head dim and mask."""
+    return KERNEL_COSTS.get((int(head_dim), bool(causal)), DEFAULT_KERNEL_COSTS)
+
+
+@lru_cache(maxsize=1024)
+def choose_kernel_schedule(batch: int, heads: int, heads_kv: int, seqlen_q: int, seqlen_k: int, head_dim: int,
+                           causal: bool, ctas: int, deterministic: bool = True) -> str:
+    """``schedule="auto"``: the portable kernel schedule the calibrated model finds fastest.
+
+    Ranks ``PORTABLE_KERNEL_SCHEDULES`` (ties: the earlier name) on at most
+    ``AUTO_MAX_WAVES`` waves of the grid's columns, with the full problem's L2 sections. Cached
+    per shape, so training loops pay it once per shape (a few ms). Without determinism the
+    turns are unused and every order is equally valid; the choice is the same ranking.
+    """
+    from dash.schedules.orders import l2_section_heads
+    from dash.schedules.tiling import Problem
+
+    full = Problem(batch, heads, seqlen_q, seqlen_k, head_dim=head_dim, heads_kv=heads_kv, causal=causal)
+    bm, bn = full.tile_shape
+    cols_per_head = -(-seqlen_k // bn)
+    group = heads // heads_kv
+    # Keep whole KV groups; enough heads for AUTO_MAX_WAVES waves of the grid.
+    want_heads = max(1, -(-AUTO_MAX_WAVES * ctas // max(cols_per_head, 1)))
+    want_heads = -(-want_heads // group) * group
+    part_heads = min(heads, want_heads)
+    part_batch = min(batch, max(1, -(-want_heads // heads)))
+    part = Problem(part_batch, part_heads, seqlen_q, seqlen_k, head_dim=head_dim,
+                   heads_kv=part_heads // group, causal=causal)
+    sw = l2_section_heads(seqlen_q, head_dim, batch * heads)
+    costs = kernel_costs(head_dim, causal)
+    order = {n: i for i, n in enumerate(PORTABLE_KERNEL_SCHEDULES)}
+    best = None
+    for name in PORTABLE_KERNEL_SCHEDULES:
+        res = simulate(make_plan(part, name, ctas, section_heads=sw), costs)
+        if not res.deadlock_free:  # cannot happen for these orders (tested); never pick one that would
+            continue
+        key = (round(float(res.makespan), 9), order[name])
+        if best is None or key < best[0]:
+            best = (key, name)
+    return best[1] if best else "fa3"

@@ -6,7 +6,8 @@ A schedule is a pure function of the tiling and the number of CTAs ``P`` it is p
 * **items** — the unit a CTA takes: one column (``single``) or the pair of columns
   ``(k, N-1-k)`` of one head, long one first (``pair``; the middle column of an odd ``N``
   is an item alone);
-* **dispatch** — ``claim``: items are claimed in increasing ``L = k + K*(h + H*b)``; CTA ``x``
+* **dispatch** — ``claim``: items are claimed in increasing ``L`` (``claim_rank``: ``L = k +
+  K*(h + H*b)``, or with heads interleaved in L2 sections); CTA ``x``
   starts with item ``x`` and each later item goes to the CTA that frees up first (what the
   kernel's atomic work counter and the hardware's block dispatcher do). The plan resolves
   "frees up first" by list scheduling on the items' step counts, ties to the lower CTA; the
@@ -41,7 +42,7 @@ import numpy as np
 from dash.schedules.tiling import MASK_CAUSAL, Problem, Tiling, tile_problem
 
 #: Schedules in the order the CLI lists them (and ``rank_schedules`` breaks ties).
-SCHEDULE_NAMES: tuple[str, ...] = ("fa3", "descending", "shift", "symmetric_shift", "portable")
+SCHEDULE_NAMES: tuple[str, ...] = ("fa3", "interleaved", "descending", "shift", "symmetric_shift", "portable")
 
 #: Reference CTA count from which the portable group size is derived (H100/H200 SXM).
 #: It is a constant of the order, not the launch: the order never depends on the real grid.
@@ -63,6 +64,7 @@ class Recipe:
     turns: str  # "asc_n" | "desc_n" | "arrival"
     portable: bool  # the turns do not depend on P
     group: int = 0  # teams: group size G
+    sections: bool = False  # claim: heads interleaved in L2 sections (see ``claim_rank``)
 
 
 @dataclass(eq=False)
@@ -87,6 +89,7 @@ class Plan:
     visit_ptr: np.ndarray
     visit_m: np.ndarray
     turn: np.ndarray
+    section_heads: int = 1  # heads per L2 section of a claimed order (1: column-fastest)
 
     def __repr__(self) -> str:
         planned = "" if self.planned_ctas == self.ctas else f" (planned for {self.planned_ctas})"
@@ -129,6 +132,22 @@ class Plan:
         if i < 0:
             raise IndexError(f"column (b={b}, h={h}, n={n}) does not exist")
         return self.visit_m[self.visit_ptr[i]:self.visit_ptr[i + 1]]
+
+    def item_sequence(self) -> np.ndarray:
+        """``(K, 3)`` (b, h, n) of every column in item order: the order in which a claimed
+        schedule's CTAs claim them (``claim_rank``), else the item id ``L`` the static
+        dispatch numbers them by. Pairs contribute their first, then their second column."""
+        t, rc = self.tiling, self.recipe
+        items = _items(t, rc.items, rc.reverse)  # (B, K, 2)
+        K = items.shape[1]
+        flat = np.arange(t.batch * t.heads * K)
+        if rc.dispatch == "claim":
+            flat = flat[np.argsort(claim_rank(t.batch * t.heads, K, self.section_heads), kind="stable")]
+        head, k = flat // K, flat % K
+        b, h = head // t.heads, head % t.heads
+        rows = [(int(b[i]), int(h[i]), int(items[b[i], k[i], r])) for i in range(len(flat)) for r in (0, 1)
+                if items[b[i], k[i], r] >= 0]
+        return np.array(rows, dtype=np.int64).reshape(-1, 3)
 
     def col_cta(self) -> np.ndarray:
         """``(K,)`` CTA of each row of ``cols``."""
@@ -173,6 +192,38 @@ def _items(tiling: Tiling, kind: str, reverse: bool) -> np.ndarray:
     return np.stack([np.broadcast_to(first, second.shape), second], axis=-1)
 
 
+#: L2 bytes the heads of one claim section may occupy (32 MiB of the 50 MiB of an H100/H200).
+L2_SECTION_BUDGET_BYTES = 32 << 20
+
+
+def l2_section_heads(seqlen_q: int, head_dim: int, batch_heads: int) -> int:
+    """Heads per L2 section of the interleaved claim order (``l2_section_heads`` in
+    csrc/schedule/schedule.h): the largest power of two whose heads' Q, dO (2 bytes each) and
+    fp32 dQaccum (8 * seqlen_q * head_dim bytes per head) fit the budget, at most
+    ``batch_heads``, at least 1. A pure function of the shape, never of the grid."""
+    per_head = 8 * int(seqlen_q) * int(head_dim)
+    w = 1
+    while w < batch_heads and 2 * w * per_head <= L2_SECTION_BUDGET_BYTES:
+        w *= 2
+    return int(min(w, max(batch_heads, 1)))
+
+
+def claim_rank(num_heads: int, per_head: int, section_heads: int) -> np.ndarray:
+    """Claim position of every item (flat index ``head * per_head + k``).
+
+    ``section_heads == 1``: ``L = k + per_head * head`` (FA3's order, the column fastest).
+    Otherwise heads are cut into sections of ``section_heads`` consecutive heads (the last one
+    may be narrower); inside a section the head varies fastest and ``k`` slowest, so
+    consecutive items are the same column rank of different heads (FA4's launch order).
+    """
+    flat = np.arange(num_heads * per_head, dtype=np.int64)
+    head, k = flat // per_head, flat % per_head
+    sw = max(1, int(section_heads))
+    section = head // sw
+    width = np.minimum(sw, num_heads - section * sw)
+    return section * sw * per_head + k * width + (head - section * sw)
+
+
 def _claim(lengths: np.ndarray, ctas: int) -> tuple[np.ndarray, np.ndarray]:
     """Greedy claiming in item order: CTA and position of each item (list scheduling)."""
     import heapq
@@ -195,13 +246,17 @@ def _claim(lengths: np.ndarray, ctas: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _dispatch(num_heads: int, per_head: int, ctas: int, mode: str, group: int,
-              lengths: np.ndarray | None = None) -> dict[str, np.ndarray]:
+              lengths: np.ndarray | None = None, section_heads: int = 1) -> dict[str, np.ndarray]:
     """CTA, position, epoch and slot of every item, flat index ``head * per_head + k``.
-    ``lengths`` (items,): steps per item, used by the ``claim`` dispatch."""
+    ``lengths`` (items,): steps per item, used by the ``claim`` dispatch, which claims the
+    items in ``claim_rank`` order with ``section_heads``."""
     flat = np.arange(num_heads * per_head, dtype=np.int64)
     head, k = flat // per_head, flat % per_head
     if mode == "claim":
-        cta, pos = _claim(lengths if lengths is not None else np.ones(len(flat)), ctas)
+        lens = lengths if lengths is not None else np.ones(len(flat))
+        order = np.argsort(claim_rank(num_heads, per_head, section_heads), kind="stable")
+        cta, pos = np.empty_like(flat), np.empty_like(flat)
+        cta[order], pos[order] = _claim(np.asarray(lens)[order], ctas)
         return {"cta": cta, "pos": pos, "epoch": pos, "slot": np.zeros_like(flat), "head": head}
     if mode == "roundrobin":
         cta, pos = flat % ctas, flat // ctas
@@ -317,27 +372,34 @@ def default_portable_group(tiling: Tiling, items: str) -> int:
 # The schedules
 # --------------------------------------------------------------------------------------------
 
+def section_heads_for(tiling: Tiling) -> int:
+    """``l2_section_heads`` of a tiling (the longest sequence for varlen)."""
+    p = tiling.problem
+    return l2_section_heads(max(p.lengths_q, default=0), p.head_dim, p.batch * p.heads_q)
+
+
 def recipe_for(tiling: Tiling, schedule: str, *, portable: bool = False, group: int | None = None) -> Recipe:
     """The ``Recipe`` of a named schedule for this tiling.
 
-    ``portable=True`` turns ``shift``, ``symmetric_shift`` and causal ``descending`` into their
-    team-dispatched, CTA-count-independent variants (``fa3`` and non-causal ``descending`` are
-    portable already; ``portable`` is ``shift`` for full/local masks and ``symmetric_shift``
-    for causal, with ``portable=True``).
+    ``fa3``, ``interleaved`` and ``descending`` are claimed and portable (their turns depend on
+    (m, n) only). ``portable=True`` turns ``shift`` and ``symmetric_shift`` into their
+    team-dispatched, CTA-count-independent variants (``portable`` is ``shift`` for full/local
+    masks and ``symmetric_shift`` for causal, with ``portable=True``).
     """
     causal = tiling.problem.mask == MASK_CAUSAL
-    if schedule == "fa3":
-        return Recipe("single", causal, "claim", (VISIT_ASC, VISIT_ASC), "desc_n" if causal else "asc_n", True)
-    if schedule == "descending" and not causal:
-        return Recipe("single", False, "roundrobin", (VISIT_DESC, VISIT_DESC), "asc_n", True)
+    if schedule in ("fa3", "interleaved"):
+        # FA3's order: causal shortest-first with descending turns, else ascending; claimed
+        # column-fastest (fa3) or with heads interleaved in L2 sections (interleaved).
+        return Recipe("single", causal, "claim", (VISIT_ASC, VISIT_ASC), "desc_n" if causal else "asc_n", True,
+                      sections=schedule == "interleaved")
+    if schedule == "descending":
+        # The paper's descending Q-tile iteration on the claimed grid: longest column first,
+        # Q tiles from the last, ascending turns. Under a causal mask every column starts at
+        # the last tile right after its predecessor and, being shorter, absorbs the delay.
+        return Recipe("single", False, "claim", (VISIT_DESC, VISIT_DESC), "asc_n", True, sections=True)
     if schedule == "portable":
         schedule, portable = ("symmetric_shift" if causal else "shift"), True
-    if schedule == "descending":
-        # Causal: the paper's chunk scheduler, pairs (i, N-1-i) on one CTA, both descending.
-        # Within one wave the arrival order is ascending n (the paper's naive turn); across
-        # waves it stays deadlock-free where the naive turn is not (notes §6).
-        items, visit = "pair", (VISIT_DESC, VISIT_DESC)
-    elif schedule == "shift":
+    if schedule == "shift":
         items, visit = "single", (VISIT_CYCLIC, VISIT_CYCLIC)
     elif schedule == "symmetric_shift":
         items, visit = "pair", (VISIT_RECT, VISIT_DESC)
@@ -350,13 +412,16 @@ def recipe_for(tiling: Tiling, schedule: str, *, portable: bool = False, group: 
 
 
 def make_plan(problem: Problem | Tiling, schedule: str, ctas: int, *, portable: bool = False,
-              group: int | None = None, launch_ctas: int | None = None) -> Plan:
+              group: int | None = None, launch_ctas: int | None = None,
+              section_heads: int | None = None) -> Plan:
     """Plan ``schedule`` for a persistent grid of ``ctas`` CTAs.
 
     ``launch_ctas`` (default ``ctas``) runs the same order (visits and turns planned for
     ``ctas``) on a grid of a different size, dispatching items by the same rule — what a
     kernel launched with a wrong SM count would do; use it to show why a non-portable order
-    must be planned for the grid it runs on.
+    must be planned for the grid it runs on. ``section_heads`` overrides the L2 section width
+    of the interleaved claim orders (default ``l2_section_heads`` of the shape; ``auto``
+    passes the full problem's when it simulates a part of it).
     """
     tiling = problem if isinstance(problem, Tiling) else tile_problem(problem)
     if ctas < 1:
@@ -365,10 +430,10 @@ def make_plan(problem: Problem | Tiling, schedule: str, ctas: int, *, portable: 
     if launch < 1:
         raise ValueError(f"launch_ctas={launch} must be >= 1")
     recipe = recipe_for(tiling, schedule, portable=portable, group=group)
-    return _build(tiling, schedule, recipe, ctas, launch)
+    return _build(tiling, schedule, recipe, ctas, launch, section_heads)
 
 
-def _build(tiling: Tiling, name: str, rc: Recipe, ctas: int, launch: int) -> Plan:
+def _build(tiling: Tiling, name: str, rc: Recipe, ctas: int, launch: int, section_heads: int | None = None) -> Plan:
     B, H = tiling.batch, tiling.heads
     items = _items(tiling, rc.items, rc.reverse)  # (B, K, 2)
     K = items.shape[1]
@@ -379,8 +444,10 @@ def _build(tiling: Tiling, name: str, rc: Recipe, ctas: int, launch: int) -> Pla
         steps = np.where(cols >= 0, tiling.col_hi[bi[:, None], np.maximum(cols, 0)]
                          - tiling.col_lo[bi[:, None], np.maximum(cols, 0)], 0).sum(axis=1)
         lengths = np.broadcast_to(steps.reshape(B, 1, K), (B, H, K)).reshape(-1)
-    plan_d = _dispatch(B * H, K, ctas, rc.dispatch, rc.group, lengths)
-    run_d = plan_d if launch == ctas else _dispatch(B * H, K, launch, rc.dispatch, rc.group, lengths)
+    sw = (section_heads or section_heads_for(tiling)) if rc.sections else 1
+    sw = min(sw, B * H)
+    plan_d = _dispatch(B * H, K, ctas, rc.dispatch, rc.group, lengths, sw)
+    run_d = plan_d if launch == ctas else _dispatch(B * H, K, launch, rc.dispatch, rc.group, lengths, sw)
 
     # One row per (item, role) with a column, in execution order: CTA, then position, then role.
     head = plan_d["head"]
@@ -435,4 +502,4 @@ def _build(tiling: Tiling, name: str, rc: Recipe, ctas: int, launch: int) -> Pla
     np.cumsum(np.bincount(cta, minlength=launch), out=cta_ptr[1:])
     cols = np.stack([b, h, n], axis=1).astype(np.int32)
     return Plan(tiling, name, rc, ctas, launch, cta_ptr, cols, run_d["pos"][item_id].astype(np.int32),
-                desc.astype(np.int32), visit_ptr, visit_m, turn)
+                desc.astype(np.int32), visit_ptr, visit_m, turn, sw)

@@ -15,36 +15,56 @@ dash::TileGeometry make_geometry(int seqlen_q, int seqlen_k, int block_m, int bl
   return geo;
 }
 
-}  // namespace
-
-extern "C" {
-
-// columns[3*L + {0,1,2}] = (n, h, b) of item L; for every column n of head (0, 0):
-// num_steps[n] and visit[n * M + step] = m; turns[m * N + n] = turn(m, n) for visited (m, n),
-// -1 elsewhere. Returns the number of items.
-int dash_fa3_probe(int seqlen_q, int seqlen_k, int block_m, int block_n, int causal, int heads, int batch,
-                   int deterministic, int* columns, int* num_steps, int* visit, int* turns) {
-  dash::TileGeometry const geo = make_geometry(seqlen_q, seqlen_k, block_m, block_n, causal);
-  dash::Fa3Schedule const s = dash::make_fa3_schedule(geo, heads, batch, deterministic != 0);
-  int const N = geo.num_n_blocks(), M = geo.num_m_blocks();
+// For every item L: columns[3L..3L+2] = (n, h, b), num_steps[L], and for each step s the
+// visited tile visit[L*M + s] and its turn turns[L*M + s]. items[x*stride + k] = the k-th
+// item of CTA x for static schedules (-1 past the end); claimed schedules leave it alone.
+template <class Schedule>
+int probe(Schedule const& s, int ctas, int* columns, int* num_steps, int* visit, int* turns, int* items,
+          int items_stride) {
+  int const M = s.geo.num_m_blocks();
   for (int L = 0; L < s.num_columns(); ++L) {
     dash::ColumnCoord const c = s.column(L);
     columns[3 * L] = c.n;
     columns[3 * L + 1] = c.h;
     columns[3 * L + 2] = c.b;
-  }
-  for (int i = 0; i < M * N; ++i) { turns[i] = -1; }
-  for (int n = 0; n < N; ++n) {
-    dash::ColumnCoord c;
-    c.n = n;
-    num_steps[n] = s.num_steps(c);
-    for (int step = 0; step < num_steps[n]; ++step) {
+    num_steps[L] = s.num_steps(c);
+    for (int step = 0; step < num_steps[L]; ++step) {
       int const m = s.m_block(c, step);
-      visit[n * M + step] = m;
-      turns[m * N + n] = s.turn(c, m);
+      visit[L * M + step] = m;
+      turns[L * M + step] = s.turn(c, m);
+    }
+  }
+  if (!Schedule::kClaimed) {
+    for (int x = 0; x < ctas; ++x) {
+      for (int k = 0; k < items_stride; ++k) {
+        int const L = s.item(x, k);
+        items[x * items_stride + k] = L < s.num_columns() ? L : -1;
+      }
     }
   }
   return s.num_columns();
+}
+
+}  // namespace
+
+extern "C" {
+
+// kind: dash::BwdScheduleKind. Returns the number of items.
+int dash_schedule_probe(int kind, int seqlen_q, int seqlen_k, int block_m, int block_n, int causal, int head_dim,
+                        int heads, int batch, int deterministic, int ctas, int* columns, int* num_steps, int* visit,
+                        int* turns, int* items, int items_stride) {
+  dash::TileGeometry const geo = make_geometry(seqlen_q, seqlen_k, block_m, block_n, causal);
+  auto const k = static_cast<dash::BwdScheduleKind>(kind);
+  if (k == dash::BwdScheduleKind::kShift) {
+    return probe(dash::make_shift_schedule(geo, heads, batch, ctas), ctas, columns, num_steps, visit, turns, items,
+                 items_stride);
+  }
+  return probe(dash::make_claimed_schedule(k, geo, head_dim, heads, batch, deterministic != 0), ctas, columns,
+               num_steps, visit, turns, items, items_stride);
+}
+
+int dash_l2_section_heads(int seqlen_q, int head_dim, int batch_heads) {
+  return dash::l2_section_heads(seqlen_q, head_dim, batch_heads);
 }
 
 // needs_mask(m, n) of the kernel, for the mask test.

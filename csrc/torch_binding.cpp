@@ -148,8 +148,6 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> run_backward(Tensor const& dout, Tens
   p.causal = causal;
   p.deterministic = deterministic;
   p.schedule = kind;
-  char const* release = std::getenv("DASH_DQ_RELEASE");
-  p.defer_release = release == nullptr || std::string(release) != "immediate";
   p.num_ctas_max = int(props->multiProcessorCount - sm_margin);
 
   dash::BwdWorkspaceSizes const ws = dash::bwd_workspace_sizes(p);

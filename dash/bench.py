@@ -112,26 +112,6 @@ def _dash_backward(deterministic: bool, schedule: str = "fa3") -> Callable[[dict
     return run
 
 
-def _with_env(fn: Callable[[dict], tuple], **env: str) -> Callable[[dict], tuple]:
-    """fn with environment variables set during each call (the kernels' measurement knobs,
-    e.g. DASH_DQ_RELEASE=immediate, are read per call)."""
-    import os
-
-    def run(s: dict):
-        old = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        try:
-            return fn(s)
-        finally:
-            for k, v in old.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
-
-    return run
-
-
 def _autograd_backward(key: str, forward: Callable[[dict, tuple], torch.Tensor]) -> Callable[[dict], tuple]:
     """The path users call: ``torch.autograd.grad`` through a library's own forward (run once,
     untimed, its graph kept), so that each timed call is one backward with all its host work."""
@@ -223,8 +203,6 @@ def available_modes() -> dict[str, Callable[[dict], tuple]]:
     }
     for sched in KERNEL_SCHEDULE_MODES:
         modes[f"dash_{sched}_det"] = _dash_backward(True, sched)
-    for sched in ("fa3", "interleaved", "descending"):
-        modes[f"dash_{sched}_det_immediate"] = _with_env(_dash_backward(True, sched), DASH_DQ_RELEASE="immediate")
     modes["user_dash_auto_det"] = _dash_user_path(True, "auto")
     modes["user_dash_nondet"] = _dash_user_path(False, "auto")
     modes["torch_cudnn"] = _torch_sdpa_backward(SDPBackend.CUDNN_ATTENTION)

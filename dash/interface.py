@@ -203,18 +203,31 @@ def resolve_schedule(schedule: str, q: Tensor, k: Tensor, causal: bool, determin
     schedule whose bits depend on the GPU's SM count."""
     if schedule != "auto":
         return schedule
-    from dash.schedules.auto import choose_kernel_schedule
-
     batch, seqlen_q, heads, head_dim = (int(x) for x in q.shape)
     seqlen_k, heads_kv = int(k.shape[1]), int(k.shape[2])
-    return choose_kernel_schedule(batch, heads, heads_kv, seqlen_q, seqlen_k, head_dim, bool(causal),
-                                  _grid_ctas(q.device, sm_margin), bool(deterministic))
+    device = q.device.index if q.device.type == "cuda" else -1
+    return _auto_schedule(batch, heads, heads_kv, seqlen_q, seqlen_k, head_dim, bool(causal), device,
+                          int(sm_margin), bool(deterministic))
 
 
-def _grid_ctas(device: torch.device, sm_margin: int) -> int:
-    """CTAs of the persistent grid: the device's SMs minus ``sm_margin`` (132 without a GPU,
-    e.g. while torch.compile traces with fake tensors)."""
+@torch._dynamo.assume_constant_result
+def _auto_schedule(batch: int, heads: int, heads_kv: int, seqlen_q: int, seqlen_k: int, head_dim: int,
+                   causal: bool, device: int, sm_margin: int, deterministic: bool) -> str:
+    """``auto``'s choice for a shape. A pure function of its arguments (the model is cached
+    per shape), so torch.compile runs it once while tracing and keeps the name as a constant
+    instead of tracing the NumPy model."""
+    from dash.schedules.auto import choose_kernel_schedule
+
+    return choose_kernel_schedule(batch, heads, heads_kv, seqlen_q, seqlen_k, head_dim, causal,
+                                  _grid_ctas(device, sm_margin), deterministic)
+
+
+def _grid_ctas(device: int | torch.device | None, sm_margin: int) -> int:
+    """CTAs of the persistent grid: the device's SMs minus ``sm_margin`` (132, an H100/H200,
+    where no CUDA device is there to ask)."""
     try:
+        if isinstance(device, int) and device < 0:
+            raise RuntimeError("not a CUDA device")
         sms = torch.cuda.get_device_properties(device).multi_processor_count
     except Exception:
         sms = 132

@@ -173,7 +173,7 @@ def load_results(path: str) -> Results:
 # ---------------------------------------------------------------------------------------
 def is_dash_mode(mode: str) -> bool:
     """DASH's own modes are drawn solid; everything else is an anchor, drawn dashed."""
-    return mode.startswith("dash")
+    return mode.startswith(("dash", "user_dash"))
 
 
 def ratio_summary(results: Results, mode: str, anchor: str) -> tuple[float, float, int] | None:

@@ -227,7 +227,6 @@ void run_bwd_impl(BwdParams const& p, cudaStream_t stream) {
     mp.num_heads_k = p.num_heads_k;
     mp.heads_per_kv_head = p.num_heads / p.num_heads_k;
     mp.deterministic = p.deterministic;
-    mp.defer_release = p.defer_release;
     mp.schedule = schedule;
     launch_main_kernel<Traits, Schedule>(mp, num_ctas, stream);
   };

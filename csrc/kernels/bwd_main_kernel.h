@@ -2,9 +2,9 @@
 //
 //   warpgroup 0, warp 0 : producer. TMA loads of K, V (once per column), Q + LSE and
 //                         dO + D (per Q tile) into multi-stage mbarrier pipelines.
-//   warpgroup 0, warp 1 : dQ writer. Reduce-adds each dQ partial from smem into the fp32
-//                         dQaccum with cp.reduce.async.bulk, in the schedule's order when
-//                         deterministic (see dq_writer below).
+//   warpgroup 0, warps 1-2: dQ writers (alternating steps). Reduce-add each dQ partial from
+//                         smem into the fp32 dQaccum with cp.reduce.async.bulk, in the
+//                         schedule's order when deterministic (see dq_writer below).
 //   warpgroups 1..2     : MMA. Each owns 64 keys of the column; keeps dK, dV in registers
 //                         for the column's life; computes S^T, dP^T, P^T, dS^T, dV, dK, dQ.
 //
@@ -225,28 +225,31 @@ struct BwdMainKernel {
   }
 
   // ---------------------------------------------------------------------------------------
-  // dQ writer: warp 1 (all 32 lanes take part in the named barriers, lane 0 issues).
+  // dQ writers: warps 1 and 2 (all 32 lanes take part in the named barriers, lane 0 issues).
+  //
+  // The CTA's steps (numbered g = 0, 1, ... across its columns) alternate between the two
+  // writer warps: writer (g % 2) reduces step g. Each MMA warpgroup's staging slice is
+  // handed over through a pair of named barriers per parity (kdQFull/kdQEmpty of (w, g % 2)),
+  // so each barrier phase has exactly one writer warp. Two writers keep two reduce-adds in
+  // flight: one writer waits for its add to land in global memory and releases the tile
+  // while the other already takes the next partial, so the deterministic hand-off no longer
+  // serialises the dQ path (with one writer the kernel ran at the writer's pace whenever
+  // the hand-off took longer than a step: hdim 128, 64x128 tiles).
   //
   // Deterministic protocol for the contribution of column n to Q tile m (once both MMA
-  // warpgroups' partials are in the staging slices, kdQFull):
+  // warpgroups' partials are in the staging slices):
   //   1. lane 0 spins (ld.acquire.gpu) until sem[m] == turn(m, n), then a proxy fence so
   //      that our async-proxy reduce-add is ordered after the acquire;
   //   2. reduce-add every warpgroup's slice (cp.reduce.async.bulk, one group);
   //   3. wait_group.read 0: smem slices may be reused -> release them to the MMA warps;
-  //   4. wait_group until this step's group has completed (no .read): the adds have been
-  //      *performed in global memory*; proxy fence, then red.release.gpu sem[m] += 1.
+  //   4. wait_group 0 (no .read): the adds have been *performed in global memory*;
+  //      proxy fence, then red.release.gpu sem[m] += 1.
   // Step 4 is what makes the wait real: releasing after .read alone (FA3's protocol) lets
-  // the next column's add overtake ours.
-  //
-  // Deferred release (params.defer_release, schedules with kConsistentOrder): step 4 of step i runs after step
-  // i+1's reduce-add was issued (wait_group 1: every group but the newest has completed), so
-  // the completion latency of one reduce overlaps the next instead of serialising the writer.
-  // Holding tile m_i while waiting for the turn at m_{i+1} cannot deadlock when every tile
-  // orders the columns of a head the same way: the columns we wait for precede us at every
-  // tile and so never wait for our release. The last step of a column is released before
-  // the writer turns to the next column.
+  // the next column's add overtake ours. A writer never holds a tile while it waits for
+  // another (it releases before its next step), so waits chain exactly as the schedule's
+  // turns say and the schedule's deadlock argument holds unchanged.
   // ---------------------------------------------------------------------------------------
-  static __device__ void dq_writer(Params const& params, SharedStorage& ss) {
+  static __device__ void dq_writer(Params const& params, SharedStorage& ss, int writer) {
     auto const& sched = params.schedule;
     int const lane = threadIdx.x % 32;
     int const num_m_blocks = sched.geo.num_m_blocks();
@@ -254,19 +257,19 @@ struct BwdMainKernel {
     constexpr uint32_t kBarThreads = 128 + 32;
     bool const tracer = params.trace != nullptr && lane == 0;  // lane 0 records in trace mode
 
-    // The staging slices start empty.
-    CUTLASS_PRAGMA_UNROLL
-    for (int w = 0; w < NumMmaWarpGroups; ++w) {
-      ptx::named_arrive(uint32_t(BwdBarrier::kdQEmpty0) + w, kBarThreads);
+    // The staging slices start empty: the MMA's step 0 waits on parity 1's "empty".
+    if (writer == 1) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int w = 0; w < NumMmaWarpGroups; ++w) { ptx::named_arrive(dq_empty_barrier(w, 1), kBarThreads); }
     }
-    int pending_tile = -1, pending_rec = -1;  // deferred release (lane 0): the previous step's tile
+    int g0 = 0;  // the CTA's steps before the current column
     for_each_column(params, ss, [&](int item) {
       ColumnCoord const col = sched.column(item);
       int const num_steps = sched.num_steps(col);
       // Q tile (b, h, m) is tile number bh * M + m of dQaccum and of the semaphores. 32-bit
       // indices, not pointers, keep this warp within its 24 registers (launch checks the range).
       int const bh = col.b * params.num_heads + col.h;
-      for (int step = 0; step < num_steps; ++step) {
+      for (int step = (g0 + writer) & 1; step < num_steps; step += 2) {  // steps with g % 2 == writer
         int const m = sched.m_block(col, step);
         int const tile = bh * num_m_blocks + m;
         // Trace mode: the record is claimed and filled as the step goes, so that no timestamp
@@ -275,9 +278,7 @@ struct BwdMainKernel {
         // Both warpgroups' partials in smem, then the tile's turn, then the reduce-adds. (In
         // this order a trace tells the wait for the MMA apart from the wait for the turn.)
         CUTLASS_PRAGMA_UNROLL
-        for (int w = 0; w < NumMmaWarpGroups; ++w) {
-          ptx::named_sync(uint32_t(BwdBarrier::kdQFull0) + w, kBarThreads);
-        }
+        for (int w = 0; w < NumMmaWarpGroups; ++w) { ptx::named_sync(dq_full_barrier(w, writer), kBarThreads); }
         if (rec >= 0) { params.trace[rec].t_ready = ptx::globaltimer_ns(); }
         if (params.deterministic && lane == 0) {
           int const turn = sched.turn(col, m);
@@ -292,43 +293,32 @@ struct BwdMainKernel {
             ptx::bulk_reduce_add_f32(params.dq_accum + int64_t(tile) * (kBlockM * kHeadDim) + w * kSliceFloats,
                                      ss.smem_dq + w * kSliceFloats, kSliceFloats * sizeof(float));
           }
-        }
-        if (lane == 0) {
           ptx::bulk_commit_group();
           ptx::bulk_wait_group_read<0>();
         }
         __syncwarp();
         CUTLASS_PRAGMA_UNROLL
-        for (int w = 0; w < NumMmaWarpGroups; ++w) {
-          ptx::named_arrive(uint32_t(BwdBarrier::kdQEmpty0) + w, kBarThreads);
-        }
+        for (int w = 0; w < NumMmaWarpGroups; ++w) { ptx::named_arrive(dq_empty_barrier(w, writer), kBarThreads); }
         if (lane == 0) {
-          if (!params.deterministic) {
-            if (rec >= 0) { params.trace[rec].t_done = ptx::globaltimer_ns(); }
-          } else if (Schedule::kConsistentOrder && params.defer_release) {
-            if (pending_tile >= 0) { release_tile<1>(params, pending_tile, pending_rec); }
-            pending_tile = tile;
-            pending_rec = rec;
-          } else {
-            release_tile<0>(params, tile, rec);
+          if (params.deterministic) {
+            ptx::bulk_wait_group<0>();
+            ptx::fence_proxy_async_global();
+            ptx::red_release_gpu_add(params.dq_semaphore + tile, 1);
           }
+          if (rec >= 0) { params.trace[rec].t_done = ptx::globaltimer_ns(); }
         }
       }
-      if (lane == 0 && pending_tile >= 0) { release_tile<0>(params, pending_tile, pending_rec); }
-      pending_tile = -1;
+      g0 += num_steps;
     });
     if (lane == 0) { ptx::bulk_wait_group<0>(); }
   }
 
-  // Deterministic release of a tile once at most kInFlight younger bulk groups are pending:
-  // its reduce-add has been performed in global memory (wait_group without .read), then the
-  // proxy fence orders those async-proxy writes before the generic-proxy release.
-  template <int kInFlight>
-  static __device__ __forceinline__ void release_tile(Params const& params, int tile, int rec) {
-    ptx::bulk_wait_group<kInFlight>();
-    ptx::fence_proxy_async_global();
-    ptx::red_release_gpu_add(params.dq_semaphore + tile, 1);
-    if (rec >= 0) { params.trace[rec].t_done = ptx::globaltimer_ns(); }
+  // Named barriers of warpgroup w's dQ staging slice for steps of parity p (see dq_writer).
+  static __device__ __forceinline__ uint32_t dq_empty_barrier(int w, int p) {
+    return uint32_t(BwdBarrier::kdQEmpty0) + 2 * w + p;
+  }
+  static __device__ __forceinline__ uint32_t dq_full_barrier(int w, int p) {
+    return uint32_t(BwdBarrier::kdQFull0) + 2 * w + p;
   }
 
   // Claims the next trace record and fills what is known when the writer turns to a step;
@@ -400,6 +390,7 @@ struct BwdMainKernel {
 
     StageState stage;
     int ds_stage = 0;
+    int g = 0;  // this CTA's steps so far: their parity picks the dQ writer (dq_writer)
     uint32_t kv_phase = 0;
     int const seqlen_q = geo.seqlen_q, seqlen_k = geo.seqlen_k;
 
@@ -490,15 +481,17 @@ struct BwdMainKernel {
         warpgroup_wait<1>();  // dQ GEMM done
         if (step == num_steps - 1) { ptx::mbar_arrive(&ss.bar_k_empty); }  // last read of this column's K
 
-        // dQ partial -> this warpgroup's staging slice, for the dQ writer warp.
-        ptx::named_sync(uint32_t(BwdBarrier::kdQEmpty0) + wg, 128 + 32);
+        // dQ partial -> this warpgroup's staging slice, for the dQ writer of this step's
+        // parity (the slice is free once the writer of the previous step has read it).
+        ptx::named_sync(dq_empty_barrier(wg, (g + 1) & 1), 128 + 32);
         CUTLASS_PRAGMA_UNROLL
         for (int j = 0; j < Traits::kdQValuesPerThread / 4; ++j) {
           sdQ_slice[j * 128 + wg_tidx] =
               make_float4(tdQrdQ(4 * j), tdQrdQ(4 * j + 1), tdQrdQ(4 * j + 2), tdQrdQ(4 * j + 3));
         }
         ptx::fence_proxy_async_smem();  // the bulk reduce reads the slice through the async proxy
-        ptx::named_arrive(uint32_t(BwdBarrier::kdQFull0) + wg, 128 + 32);
+        ptx::named_arrive(dq_full_barrier(wg, g & 1), 128 + 32);
+        ++g;
 
         warpgroup_wait<0>();  // dK GEMM done: Q_m no longer read
         ptx::mbar_arrive(&ss.bar_q_empty[stage.index]);
@@ -578,10 +571,10 @@ __global__ void __launch_bounds__(Traits::NumThreads, 1)
     ptx::mbar_init(&ss.bar_v_full, 1);
     ptx::mbar_init(&ss.bar_k_empty, Traits::NumMmaThreads);
     ptx::mbar_init(&ss.bar_v_empty, Traits::NumMmaThreads);
-    // Work ring: the producer publishes; every MMA thread and the dQ writer warp consume.
+    // Work ring: the producer publishes; every MMA thread and both dQ writer warps consume.
     for (int s = 0; s < 2; ++s) {
       ptx::mbar_init(&ss.bar_work_full[s], 1);
-      ptx::mbar_init(&ss.bar_work_empty[s], Traits::NumMmaThreads + 32);
+      ptx::mbar_init(&ss.bar_work_empty[s], Traits::NumMmaThreads + 2 * 32);
     }
     for (int s = 0; s < Traits::kStagesQ; ++s) {
       ptx::mbar_init(&ss.bar_q_full[s], 1);
@@ -597,8 +590,8 @@ __global__ void __launch_bounds__(Traits::NumThreads, 1)
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
     if (warp_idx == 0) {
       if (cute::elect_one_sync()) { Kernel::producer(params, ss); }
-    } else if (warp_idx == 1) {
-      Kernel::dq_writer(params, ss);
+    } else if (warp_idx == 1 || warp_idx == 2) {
+      Kernel::dq_writer(params, ss, warp_idx - 1);
     }
   } else {
     cutlass::arch::warpgroup_reg_alloc<Traits::kMmaRegisters>();

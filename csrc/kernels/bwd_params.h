@@ -15,8 +15,8 @@ enum class DType : int { kBFloat16 = 0, kFloat16 = 1 };
 // nanoseconds (a coarse clock: 32 ns to 1 us steps, by GPU): t_wait when the writer turned
 // to the step, t_ready when both MMA warpgroups' dQ partials were in shared memory,
 // t_acquired when the tile's turn had come (= t_ready without determinism), t_done when the
-// reduce-add had landed and the tile was released (deterministic; with a deferred release,
-// after the next step's reduce-add was issued) or the staging slice was free (otherwise).
+// reduce-add had landed and the tile was released (deterministic) or the staging slice was
+// free (otherwise).
 // turn is -1 without determinism; bh = b * heads + h. Fields not reached stay -1.
 // 64 bytes; Python reads a record as 8 int32 then 4 int64.
 struct BwdTraceRecord {
@@ -67,10 +67,6 @@ struct BwdParams {
   bool causal = false;
   bool deterministic = false;
   BwdScheduleKind schedule = BwdScheduleKind::kFa3;
-  // Deterministic dQ writer: release each tile one step late, so the completion wait of one
-  // reduce-add overlaps the next (only schedules whose turns follow one column order per
-  // head use it). DASH_DQ_RELEASE=immediate turns it off (a measurement knob).
-  bool defer_release = true;
   int num_ctas_max = 0;  // SMs the persistent grid may use (device SMs - sm_margin)
 
   // Trace mode (null = off): one record per (column, Q tile) step, trace_capacity of them

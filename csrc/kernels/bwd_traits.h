@@ -174,7 +174,6 @@ struct BwdTraits {
     float softmax_scale_log2;
     int num_heads, num_heads_k, heads_per_kv_head;
     bool deterministic;
-    bool defer_release;  // dQ writer: release a tile one step late (kConsistentOrder schedules)
     Schedule schedule;
   };
 };
@@ -182,8 +181,8 @@ struct BwdTraits {
 // Named barriers (id 0 is __syncthreads).
 enum class BwdBarrier : uint32_t {
   kdSReady = 1,     // all MMA threads: dS of both warpgroups is in smem
-  kdQEmpty0 = 2,    // + warpgroup w: its dQ staging slice may be overwritten (MMA WG + writer warp)
-  kdQFull0 = 2 + 4, // + warpgroup w: its dQ staging slice holds a new partial (MMA WG + writer warp)
+  kdQEmpty0 = 2,    // + 2w + p: warpgroup w's dQ staging slice may be overwritten (MMA WG + the writer of parity p)
+  kdQFull0 = 6,     // + 2w + p: warpgroup w's slice holds the partial of a step of parity p (MMA WG + that writer)
   kdKVOrder = 10,   // all MMA threads: GQA dK/dV adds, around the group's turn (store_dkv)
 };
 

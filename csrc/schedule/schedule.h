@@ -123,9 +123,6 @@ struct ColumnCoord {
 //                                            false: CTA x runs item(x, 0), item(x, 1), ...
 //   static constexpr bool kPortable;         the accumulation order does not depend on the
 //                                            number of CTAs (bits equal on every Hopper part)
-//   static constexpr bool kConsistentOrder;  every tile orders the contributions of a head's
-//                                            columns the same way (a total order of columns),
-//                                            so the dQ writer may defer a release by one step
 //   int item(int cta, int k) const;          (static schedules) the k-th item of CTA cta
 //   int next_item(int item) const;           (static schedules) the item after `item` on its CTA
 //   ColumnCoord column(int item) const;      which column an item is
@@ -164,7 +161,6 @@ template <class Geometry = TileGeometry>
 struct ClaimedSchedule {
   static constexpr bool kClaimed = true;
   static constexpr bool kPortable = true;
-  static constexpr bool kConsistentOrder = true;
   Geometry geo;
   int num_heads = 0, num_batch = 0;
   int section_heads = 1;
@@ -216,7 +212,6 @@ template <class Geometry = TileGeometry>
 struct ShiftSchedule {
   static constexpr bool kClaimed = false;
   static constexpr bool kPortable = false;
-  static constexpr bool kConsistentOrder = false;  // arrival order differs from tile to tile
   Geometry geo;
   int num_heads = 0, num_batch = 0;
   int num_ctas = 1;  // P: the grid the waves are planned for (must be the launched grid)

@@ -78,10 +78,19 @@ def portability_cost(problem: Problem, ctas: int, costs: Costs | None = None, *,
 #: that ``auto`` gives the same bits on every Hopper part and with any ``sm_margin``.
 PORTABLE_KERNEL_SCHEDULES: tuple[str, ...] = ("fa3", "interleaved", "descending")
 
-#: Model costs per (head dim, causal), in microseconds, fitted to measured traces of the
-#: kernel on an H200 (docs/scheduling-model.md, "Calibration"). Shapes not listed use DEFAULT.
-KERNEL_COSTS: dict[tuple[int, bool], Costs] = {}
-DEFAULT_KERNEL_COSTS = Costs(c=1.0, r=0.3, latency=0.5)
+#: Model costs per (head dim, causal), in microseconds, fitted to traces of the kernel
+#: (``python -m dash trace``, ``TraceResult.fit_costs``) on an H200, 2026-11-30, at the kernel
+#: with two dQ writers: hdim 64 from full 2k (b8 h32, interleaved), hdim 128 from full 4k
+#: (b4 h16, fa3) and causal 8k (b2 h16, descending), which fitted the same costs. With them
+#: the model's makespan was within 1 % (hdim 64) and 6 % (hdim 128) of the measured one
+#: (benchmarks/results/traces/). Shapes not listed use DEFAULT_KERNEL_COSTS (hdim 128's).
+KERNEL_COSTS: dict[tuple[int, bool], Costs] = {
+    (64, False): Costs(c=2.304, r=1.28, latency=1.28, epilogue=2.048),
+    (64, True): Costs(c=2.304, r=1.28, latency=1.28, epilogue=2.048),
+    (128, False): Costs(c=2.048, r=1.152, latency=1.152, epilogue=3.328),
+    (128, True): Costs(c=2.048, r=1.152, latency=1.152, epilogue=3.328),
+}
+DEFAULT_KERNEL_COSTS = KERNEL_COSTS[(128, False)]
 
 #: ``auto`` simulates at most this many waves of columns of the grid (the steady state
 #: repeats), keeping the full problem's L2 sections, so a choice costs milliseconds.

@@ -24,10 +24,8 @@ What gets built, and why not:
 from __future__ import annotations
 
 import datetime
-import hashlib
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -40,6 +38,7 @@ from setuptools.command.build_py import build_py
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 from dash import config as dash_config  # noqa: E402  (pure Python, no torch)
+from dash._build import first_compiler_error, resolve_cuda_home, toolkit_headers  # noqa: E402
 from dash._sources import sources_digest  # noqa: E402  (pure Python)
 
 MANIFEST_NAME = "_build_manifest.json"
@@ -89,61 +88,10 @@ def _cutlass_include() -> Path:
     return inc
 
 
-# ---------------------------------------------------------------------------------------------
-# The CUDA toolkit
-# ---------------------------------------------------------------------------------------------
-def _toolkit_headers(root: Path) -> Path | None:
-    """The folder holding cuda_runtime.h of a toolkit root, or None."""
-    for inc in [root / "include", *sorted(root.glob("targets/*/include"))]:
-        if (inc / "cuda_runtime.h").exists():
-            return inc
-    return None
-
-
-def _nvcc_home(nvcc: Path) -> Path | None:
-    """The real toolkit root of an nvcc, also when `nvcc` is a wrapper script or a symlink:
-    nvcc itself reports where it lives (its `_HERE_` in a dry run)."""
-    try:
-        proc = subprocess.run([str(nvcc), "--dryrun", "-x", "cu", "-c", os.devnull, "-o", os.devnull],
-                              capture_output=True, text=True, timeout=60)
-    except Exception:
-        return None
-    m = re.search(r"^#\$ _HERE_=(.+)$", proc.stdout + proc.stderr, re.M)
-    return Path(m.group(1).strip()).resolve().parent if m else None
-
-
-def _resolve_cuda_home() -> tuple[Path | None, str]:
-    """(toolkit root, "") when a usable toolkit is found, else (None, why not)."""
-    env = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
-    candidates: list[tuple[str, Path]] = []
-    if env:
-        candidates.append(("CUDA_HOME", Path(env)))
-    nvcc_on_path = shutil.which("nvcc")
-    if nvcc_on_path:
-        candidates.append(("nvcc on PATH", Path(nvcc_on_path).parent.parent))
-    candidates.append(("default", Path("/usr/local/cuda")))
-    found = []
-    for origin, root in candidates:
-        nvcc = root / "bin" / "nvcc"
-        if not nvcc.exists():
-            if origin == "CUDA_HOME":
-                return None, f"CUDA_HOME={env} has no bin/nvcc (set CUDA_HOME to the toolkit root)"
-            continue
-        if _toolkit_headers(root) is not None:
-            return root.resolve(), ""
-        real = _nvcc_home(nvcc)
-        if real is not None and _toolkit_headers(real) is not None:
-            return real, ""
-        found.append(f"{nvcc} ({origin}) belongs to {real or root}, which has no include/cuda_runtime.h")
-    if found:
-        return None, "no usable CUDA toolkit: " + "; ".join(found) + " (set CUDA_HOME to a full toolkit root)"
-    return None, "no CUDA toolkit found: no nvcc on PATH and no CUDA_HOME (set CUDA_HOME to the toolkit root)"
-
-
 def _pip_cuda_includes(cuda_home: Path) -> list[str]:
     """torch's CUDA headers include cuSPARSE/cuBLAS headers. A minimal toolkit (nvcc and the
     runtime only) lacks them; the nvidia-* wheels torch depends on ship them."""
-    inc = _toolkit_headers(cuda_home)
+    inc = toolkit_headers(cuda_home)
     if inc is not None and (inc / "cusparse.h").exists():
         return []
     try:
@@ -182,7 +130,7 @@ def _why_no_kernels() -> tuple[str | None, Path | None]:
                 "pip install --no-build-isolation .)"), None
     if torch.version.cuda is None:
         return f"torch {torch.__version__} has no CUDA support", None
-    root, why = _resolve_cuda_home()
+    root, why = resolve_cuda_home()
     if root is None:
         return why, None
     try:
@@ -239,18 +187,6 @@ def _clear_source_tree_artifacts() -> None:
             path.unlink()
         except (FileNotFoundError, PermissionError):
             pass
-
-
-_FIRST_ERROR_RE = re.compile(r"(?i)(\berror\b|#error|fatal)")
-_NOT_THE_ERROR = ("ninja: build stopped", "Error compiling objects", "subprocess.CalledProcessError", "FAILED:")
-
-
-def first_compiler_error(log: str) -> str:
-    """The first line of a compiler log that reports an error (the cause, not ninja's summary)."""
-    for line in log.splitlines():
-        if _FIRST_ERROR_RE.search(line) and not any(s in line for s in _NOT_THE_ERROR):
-            return line.strip()
-    return "(no compiler error line found; see the log above)"
 
 
 class _BuildPy(build_py):

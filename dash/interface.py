@@ -66,21 +66,17 @@ def validate_inputs(
     check_device: bool = True,
 ) -> None:
     """Raise a clear error (naming the argument, its value and what is supported) for any
-    input DASH cannot run. Shapes: q (B, Sq, H, D), k and v (B, Sk, Hk, D), H % Hk == 0."""
+    input DASH cannot run. Shapes: q (B, Sq, H, D), k and v (B, Sk, Hk, D), H % Hk == 0.
+
+    ``check_device=False`` skips what needs the real device (its type, compute capability,
+    SM count and the data pointers' alignment); flash_attn_func passes it while torch.compile
+    traces and then checks the device type alone (fake tensors keep it)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_tensor(name, t)
         if t.dim() != 4:
             raise ValueError(f"{name} must have 4 dims (batch, seqlen, heads, head_dim); got {_describe(t)}")
     if check_device:
-        for name, t in (("q", q), ("k", k), ("v", v)):
-            if t.device.type != "cuda":
-                raise ValueError(
-                    f"{name} is on device {t.device}; DASH runs on CUDA devices of compute capability 9.0 "
-                    "(H100/H200/H800/H20). Move the tensors with .cuda()."
-                )
-        for name, t in (("k", k), ("v", v)):
-            if t.device != q.device:
-                raise ValueError(f"{name} is on {t.device} but q is on {q.device}; all inputs must share one device")
+        _check_cuda_devices(q, k, v)
         cc = torch.cuda.get_device_capability(q.device)
         if cc != (9, 0):
             raise ValueError(
@@ -171,6 +167,20 @@ def validate_inputs(
             raise NotImplementedError(
                 f"schedule='shift' needs at most as many concurrently running columns of a head ({lanes}) as Q tiles "
                 f"({-(-q.shape[1] // cfg.block_m)}) (seqlen_q={q.shape[1]}, seqlen_k={k.shape[1]}); use 'auto'")
+
+
+def _check_cuda_devices(q: Tensor, k: Tensor, v: Tensor) -> None:
+    """q, k, v on one CUDA device. Works on torch.compile's fake tensors too (they keep their
+    device), so a compiled call on CPU tensors gets DASH's error, not the dispatcher's."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.device.type != "cuda":
+            raise ValueError(
+                f"{name} is on device {t.device}; DASH runs on CUDA devices of compute capability 9.0 "
+                "(H100/H200/H800/H20). Move the tensors with .cuda()."
+            )
+    for name, t in (("k", k), ("v", v)):
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}; all inputs must share one device")
 
 
 def effective_causal(window_size: Sequence[int], causal: bool, seqlen_q: int, seqlen_k: int) -> bool:
@@ -421,6 +431,10 @@ def flash_attn_func(
     # While torch.compile traces, tensors are fakes (no data pointer, no device to query);
     # the op's C++ checks still run on the real tensors.
     tracing = torch.compiler.is_compiling()
+    if tracing:
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            _check_tensor(name, t)
+        _check_cuda_devices(q, k, v)
     validate_inputs(q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
                     sm_margin=sm_margin, schedule=schedule, deterministic=deterministic, check_device=not tracing)
     if not tracing:

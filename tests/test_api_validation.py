@@ -747,3 +747,18 @@ def test_flash_attn_func_signature_is_fa3s_plus_schedule():
         else:
             assert params[name].default == fa3_default, name
     assert params["schedule"].default == "auto"
+
+
+def test_compiled_call_on_cpu_tensors_gets_dashs_device_error():
+    """Under torch.compile the tensors are fakes; their device is still checked, so the user
+    sees DASH's error naming the argument and the fix, not the dispatcher's 'Could not run
+    dash::fwd with arguments from the CPU backend'."""
+    q, k, v = _qkv()
+
+    def step(q, k, v):
+        return flash_attn_func(q, k, v, causal=True)
+
+    with pytest.raises(Exception) as e:
+        torch.compile(step, fullgraph=True, backend="eager")(q, k, v)
+    msg = str(e.value)
+    assert "q is on device cpu" in msg and ".cuda()" in msg and "Could not run" not in msg

@@ -90,7 +90,9 @@ def _cutlass_include() -> Path:
 
 def _pip_cuda_includes(cuda_home: Path) -> list[str]:
     """torch's CUDA headers include cuSPARSE/cuBLAS headers. A minimal toolkit (nvcc and the
-    runtime only) lacks them; the nvidia-* wheels torch depends on ship them."""
+    runtime only) lacks them; the nvidia-* wheels torch depends on ship them. They may belong
+    to a newer CUDA than the toolkit (torch 2.15's nvidia/cu13 holds CUDA 13.2's whole header
+    set), so they are searched after the toolkit's own headers (see include_dirs below)."""
     inc = toolkit_headers(cuda_home)
     if inc is not None and (inc / "cusparse.h").exists():
         return []
@@ -294,7 +296,10 @@ def _extension_kwargs() -> dict:
     ext = CUDAExtension(
         name="dash._C",
         sources=sources,
-        include_dirs=[str(ROOT / "csrc"), str(cutlass_inc), *_pip_cuda_includes(cuda_home)],
+        # The toolkit's headers before the pip wheels' (torch adds them again afterwards):
+        # nvcc refuses CUDA headers of another release than its own.
+        include_dirs=[str(ROOT / "csrc"), str(cutlass_inc), str(toolkit_headers(cuda_home)),
+                      *_pip_cuda_includes(cuda_home)],
         extra_compile_args={"cxx": ["-O3", *defines], "nvcc": nvcc_flags},
     )
     return {"ext_modules": [ext], "cmdclass": {"build_ext": _BuildExt.with_options(use_ninja=True),

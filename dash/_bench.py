@@ -21,6 +21,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--batch", type=positive_int, default=None, help="default: 16384 // seqlen (16k tokens)")
     p.add_argument("--heads", type=positive_int, default=None, help="default: 2048 // hdim (hidden 2048)")
+    p.add_argument("--heads-kv", type=positive_int, default=None,
+                   help="key/value heads for GQA/MQA (default: --heads); must divide --heads")
     p.add_argument("--iters", type=positive_int, default=20, help="timed calls per mode (the median is shown)")
     p.add_argument("--warmup", type=nonnegative_int, default=5, help="untimed calls per mode first")
     # One call compares nothing: a repeatability check needs two calls at least.
@@ -46,13 +48,18 @@ def _gpu_ok() -> tuple[bool, str]:
 def run(args: argparse.Namespace) -> int:
     batch = args.batch or max(16384 // args.seqlen, 1)
     heads = args.heads or 2048 // args.hdim
+    heads_kv = args.heads_kv or heads
+    if heads % heads_kv:
+        from dash.cli import usage_error
+
+        return usage_error("bench", f"argument --heads-kv: {heads_kv} does not divide the {heads} query heads")
     ok, why = _gpu_ok()
     if not ok:
         print(f"No usable sm_90 GPU here ({why}); running the scheduling model for the same shape instead.\n")
         from dash.cli import main as cli_main
 
         argv = ["simulate", "--seqlen", str(args.seqlen), "--hdim", str(args.hdim), "--batch", str(batch),
-                "--heads", str(heads), "--schedule", "all"]
+                "--heads", str(heads), "--heads-kv", str(heads_kv), "--schedule", "all"]
         if args.causal:
             argv.append("--causal")
         return cli_main(argv)
@@ -61,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
 
     from dash import bench
 
-    shape = bench.Shape(batch, args.seqlen, heads, args.hdim, args.causal)
+    shape = bench.Shape(batch, args.seqlen, heads, args.hdim, args.causal, heads_kv if heads_kv != heads else None)
     main_modes = ("dash_nondet", "dash_auto_det", "dash_fa3_det", "user_dash_auto_det", "torch_cudnn", "torch_flash",
                   "fa3_nondet", "fa3_det", "fa4_nondet", "fa4_det")
     available = bench.available_modes()
@@ -69,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     from dash.schedules.auto import choose_kernel_schedule
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    picked = choose_kernel_schedule(batch, heads, heads, args.seqlen, args.seqlen, args.hdim, args.causal, sms)
+    picked = choose_kernel_schedule(batch, heads, heads_kv, args.seqlen, args.seqlen, args.hdim, args.causal, sms)
     print(f"{torch.cuda.get_device_name(0)}: attention backward, {shape.label()}, bf16; "
           f"median of {args.iters} calls after {args.warmup} warm-ups; schedule auto -> {picked}")
     print(bench.format_header(modes))

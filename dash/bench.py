@@ -46,7 +46,8 @@ class Shape:
 
     def label(self) -> str:
         mask = "causal" if self.causal else "full"
-        return f"hd{self.head_dim} {mask} s{self.seqlen} b{self.batch} h{self.heads}"
+        kv = f"/{self.heads_kv}" if self.heads_kv and self.heads_kv != self.heads else ""
+        return f"hd{self.head_dim} {mask} s{self.seqlen} b{self.batch} h{self.heads}{kv}"
 
 
 @dataclass
@@ -146,7 +147,9 @@ def _torch_sdpa_backward(backend) -> Callable[[dict], tuple]:
         if key not in s:
             q, k, v = (s[n].detach().transpose(1, 2).requires_grad_() for n in ("q", "k", "v"))
             with sdpa_kernel(backend):
-                out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=s["causal"], scale=s["scale"])
+                gqa = {"enable_gqa": True} if q.shape[1] != k.shape[1] else {}
+                out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=s["causal"], scale=s["scale"],
+                                                                       **gqa)
             s[key] = (out, (q, k, v), s["dout"].transpose(1, 2))
         out, inputs, dout = s[key]
         with sdpa_kernel(backend):

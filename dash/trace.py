@@ -270,11 +270,10 @@ def plot_trace_gantt(trace: TraceResult, path: str, *, model: Optional[SimResult
     waiting for its tile's turn.
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.collections import PolyCollection
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
 
-    from dash.schedules.gantt import COMPUTE_COLORS, EPILOGUE_COLOR, WAIT_COLOR, cta_segments
+    from dash.schedules.gantt import COMPUTE_COLORS, EPILOGUE_COLOR, WAIT_COLOR, add_bars, cta_segments
 
     model = trace.simulate_model() if model is None else model
     P = trace.ctas if max_ctas is None else min(max_ctas, trace.ctas)
@@ -284,12 +283,7 @@ def plot_trace_gantt(trace: TraceResult, path: str, *, model: Optional[SimResult
     ax_m, ax_s = fig.subplots(2, 1, sharex=True)
 
     def bars(ax, rows, color):
-        rows = rows[rows[:, 0] < P]
-        if len(rows):
-            y, x0, x1 = rows[:, 0], rows[:, 1], rows[:, 2]
-            verts = np.stack([np.stack([x0, y - 0.45], 1), np.stack([x1, y - 0.45], 1),
-                              np.stack([x1, y + 0.45], 1), np.stack([x0, y + 0.45], 1)], axis=1)
-            ax.add_collection(PolyCollection(verts, facecolors=color, edgecolors="none", linewidths=0))
+        add_bars(ax, rows, color, P, half_height=0.45)
 
     col_id = (r["b"] * trace.problem.heads_q + r["h"]) * 100003 + r["n"]
     _, col_rank = np.unique(col_id, return_inverse=True)

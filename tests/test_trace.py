@@ -133,3 +133,17 @@ def test_fitted_costs_recover_the_simulated_ones():
 def test_decode_rejects_a_wrong_layout():
     with pytest.raises(ValueError, match="int64"):
         decode_records(np.zeros((3, 10), dtype=np.int64), 2)
+
+
+def test_measured_gantt_beside_the_model(tmp_path):
+    pytest.importorskip("matplotlib")
+    from dash.trace import plot_trace_gantt
+
+    problem, schedule, ctas = CASES[1]
+    *_, tr = _trace(problem, schedule, ctas)
+    out = tmp_path / "trace.png"
+    plot_trace_gantt(tr, str(out), max_ctas=4)
+    import matplotlib.image
+
+    img = matplotlib.image.imread(str(out))
+    assert out.stat().st_size > 20_000 and img.shape[0] > 500 and img.shape[1] > 1000

@@ -62,6 +62,19 @@ def cta_segments(res: SimResult) -> dict[str, np.ndarray]:
     return {"compute": compute, "wait": wait, "epilogue": epi}
 
 
+def add_bars(ax, rows: np.ndarray, color: str, max_ctas: int, half_height: float = 0.5) -> None:
+    """Draw ``rows`` = (cta, start, end) as horizontal bars of one colour on ``ax`` (CTAs below
+    ``max_ctas`` only), as one PolyCollection."""
+    from matplotlib.collections import PolyCollection
+
+    rows = rows[rows[:, 0] < max_ctas]
+    if len(rows):
+        y, x0, x1 = rows[:, 0], rows[:, 1], rows[:, 2]
+        verts = np.stack([np.stack([x0, y - half_height], 1), np.stack([x1, y - half_height], 1),
+                          np.stack([x1, y + half_height], 1), np.stack([x0, y + half_height], 1)], axis=1)
+        ax.add_collection(PolyCollection(verts, facecolors=color, edgecolors="none", linewidths=0))
+
+
 def plot_gantt(results: Mapping[str, SimResult], path: str, *, title: str | None = None,
                max_ctas: int | None = None, time_limit: float | None = None, dpi: int = 130) -> None:
     """Write a PNG with one Gantt panel per simulated schedule (shared time axis).
@@ -69,7 +82,6 @@ def plot_gantt(results: Mapping[str, SimResult], path: str, *, title: str | None
     ``max_ctas`` shows only the first CTAs; ``time_limit`` cuts the time axis.
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.collections import PolyCollection
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
 
@@ -94,12 +106,7 @@ def plot_gantt(results: Mapping[str, SimResult], path: str, *, title: str | None
         boxes += [seg["wait"], seg["epilogue"]]
         colors += [WAIT_COLOR, EPILOGUE_COLOR]
         for box, color in zip(boxes, colors):
-            box = box[box[:, 0] < P]
-            if len(box):
-                y, x0, x1 = box[:, 0], box[:, 1], box[:, 2]
-                verts = np.stack([np.stack([x0, y - 0.5], 1), np.stack([x1, y - 0.5], 1),
-                                  np.stack([x1, y + 0.5], 1), np.stack([x0, y + 0.5], 1)], axis=1)
-                ax.add_collection(PolyCollection(verts, facecolors=color, edgecolors="none", linewidths=0))
+            add_bars(ax, box, color, P)
         ax.set_ylim(P - 0.5, -0.5)
         ax.set_xlim(0, tmax if tmax > 0 else 1.0)  # an empty problem has makespan 0
         ax.set_ylabel("CTA")

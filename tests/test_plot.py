@@ -15,9 +15,12 @@ import pytest
 import dash
 from dash import plot
 
+#: Folder holding the dash package under test (site-packages when installed); subprocesses
+#: import the same dash through PYTHONPATH.
 ROOT = Path(os.path.dirname(os.path.dirname(os.path.abspath(dash.__file__))))
-#: A committed results file of the paper grid (24 rows: hdim 64/128 x full/causal x 512..16k).
-COMMITTED = ROOT / "benchmarks" / "results" / "2026-11-29-NVIDIA-H200-bwd-1d20044.json"
+#: A committed results file of the paper grid (24 rows: hdim 64/128 x full/causal x 512..16k),
+#: in this checkout (not in the installed package).
+COMMITTED = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "2026-11-29-NVIDIA-H200-bwd-1d20044.json"
 MODES = ["dash_nondet", "dash_fa3_det", "torch_cudnn", "torch_flash"]
 
 needs_matplotlib = pytest.mark.skipif(plot.matplotlib_problem() is not None, reason="matplotlib is not installed")

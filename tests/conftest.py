@@ -24,29 +24,36 @@ import pytest
 _GPU_STATE: tuple[str, str | None] | None = None  # ("skip" | "fail" | "run", reason)
 
 
-def sm90_state() -> tuple[str, str | None]:
-    """("run", None) when GPU tests can run; ("skip", why) without an sm_90 GPU; ("fail", why)
-    with an sm_90 GPU but no loadable kernels."""
-    global _GPU_STATE
-    if _GPU_STATE is not None:
-        return _GPU_STATE
-    try:
-        import torch
-    except ImportError:
-        _GPU_STATE = ("skip", "torch is not installed")
-        return _GPU_STATE
-    if not torch.cuda.is_available():
-        _GPU_STATE = ("skip", "no CUDA GPU (CPU-only machine)")
-        return _GPU_STATE
-    cc = torch.cuda.get_device_capability(0)
-    if cc != (9, 0):
-        _GPU_STATE = ("skip", f"GPU has compute capability {cc[0]}.{cc[1]}; DASH's kernels need 9.0")
-        return _GPU_STATE
-    from dash._ext import kernels_status
+def gpu_test_policy(has_torch: bool, cuda_available: bool, capability: tuple[int, int] | None,
+                    kernels: tuple[bool, str | None]) -> tuple[str, str | None]:
+    """What GPU tests do on a machine: ("run", None), ("skip", why) or ("fail", why)."""
+    if not has_torch:
+        return "skip", "torch is not installed"
+    if not cuda_available:
+        return "skip", "no CUDA GPU (CPU-only machine)"
+    if capability != (9, 0):
+        return "skip", f"GPU has compute capability {capability[0]}.{capability[1]}; DASH's kernels need 9.0"
+    ok, why = kernels
+    return ("run", None) if ok else ("fail", f"this machine has an sm_90 GPU but DASH's kernels are not usable: {why}")
 
-    ok, why = kernels_status()
-    _GPU_STATE = ("run", None) if ok else ("fail", f"this machine has an sm_90 GPU but DASH's kernels are not "
-                                                   f"usable: {why}")
+
+def sm90_state() -> tuple[str, str | None]:
+    """gpu_test_policy for this machine (computed once)."""
+    global _GPU_STATE
+    if _GPU_STATE is None:
+        try:
+            import torch
+        except ImportError:
+            _GPU_STATE = gpu_test_policy(False, False, None, (False, None))
+            return _GPU_STATE
+        available = torch.cuda.is_available()
+        cc = torch.cuda.get_device_capability(0) if available else None
+        kernels = (False, None)
+        if available and cc == (9, 0):
+            from dash._ext import kernels_status
+
+            kernels = kernels_status()
+        _GPU_STATE = gpu_test_policy(True, available, cc, kernels)
     return _GPU_STATE
 
 

@@ -46,8 +46,6 @@ GENERATED_HEADER = ROOT / "csrc" / "generated" / "bwd_config.h"
 DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16"}
 # nvcc peaks at about 2 GB per CuTe translation unit.
 GB_PER_COMPILE_JOB = 2.5
-#: Schedules every translation unit implements (BwdScheduleKind in csrc/schedule/schedule.h).
-KERNEL_SCHEDULES = ["fa3", "interleaved", "descending", "shift"]
 
 
 def _git_commit() -> str:
@@ -152,7 +150,7 @@ def _manifest(kernels_built: bool, reason: str | None, hdims: list[int], dtypes:
         "reason_not_built": reason,
         "head_dims": hdims if kernels_built else [],
         "dtypes": [DTYPE_NAMES[d] for d in dtypes] if kernels_built else [],
-        "schedules": KERNEL_SCHEDULES if kernels_built else [],
+        "schedules": list(dash_config.KERNEL_SCHEDULES) if kernels_built else [],
         "arch": "sm_90a" if kernels_built else None,
         "git_commit": _git_commit(),
         "sources_digest": sources_digest(ROOT),

@@ -20,6 +20,8 @@ from typing import Callable, Optional
 
 import torch
 
+from dash.config import KERNEL_SCHEDULES
+
 #: The paper grid (anchors.md): 16k tokens, hidden 2048.
 PAPER_TOKENS = 16384
 PAPER_HIDDEN = 2048
@@ -190,7 +192,7 @@ def _fa4_modes() -> dict[str, Callable[[dict], tuple]]:
 
 
 #: DASH's kernel schedules measured one by one (deterministic), beside auto.
-KERNEL_SCHEDULE_MODES = ("fa3", "interleaved", "descending", "shift")
+KERNEL_SCHEDULE_MODES = KERNEL_SCHEDULES
 
 
 def available_modes() -> dict[str, Callable[[dict], tuple]]:

@@ -24,6 +24,12 @@ from typing import Iterable
 SUPPORTED_HEAD_DIMS: tuple[int, ...] = (64, 128)
 #: Element types of q, k, v, o, do, and of dq, dk, dv.
 SUPPORTED_DTYPES: tuple[str, ...] = ("bfloat16", "float16")
+#: Schedules the backward kernel implements, in the order of BwdScheduleKind in
+#: csrc/schedule/schedule.h (tests/test_kernel_schedule_matches_model.py numbers them so).
+KERNEL_SCHEDULES: tuple[str, ...] = ("fa3", "interleaved", "descending", "shift")
+#: The kernel schedules whose bits do not depend on the number of CTAs; schedule="auto"
+#: picks among these.
+PORTABLE_KERNEL_SCHEDULES: tuple[str, ...] = ("fa3", "interleaved", "descending")
 
 
 @dataclass(frozen=True)

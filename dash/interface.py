@@ -24,16 +24,12 @@ import torch
 from torch import Tensor
 
 from dash import _ext
-from dash.config import SUPPORTED_HEAD_DIMS, bwd_tile_config
-from dash.schedules.auto import PORTABLE_KERNEL_SCHEDULES as PORTABLE_SCHEDULES
+from dash.config import KERNEL_SCHEDULES, PORTABLE_KERNEL_SCHEDULES, SUPPORTED_HEAD_DIMS, bwd_tile_config
 from dash.schedules.orders import SCHEDULE_NAMES as MODEL_SCHEDULE_NAMES
 
 #: Every schedule name the API knows (the scheduling model's names plus "auto").
 SCHEDULE_NAMES: tuple[str, ...] = ("auto",) + MODEL_SCHEDULE_NAMES
-#: Schedules the CUDA kernel implements (BwdScheduleKind in csrc/schedule/schedule.h).
-KERNEL_SCHEDULES: tuple[str, ...] = ("fa3", "interleaved", "descending", "shift")
-#: Kernel schedules whose bits do not depend on the number of CTAs; ``auto`` picks among them.
-PORTABLE_KERNEL_SCHEDULES: tuple[str, ...] = PORTABLE_SCHEDULES
+
 _DTYPES = (torch.bfloat16, torch.float16)
 _TMA_ALIGN_BYTES = 16
 

@@ -15,13 +15,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dash.config import KERNEL_SCHEDULES
 from dash.schedules import Problem, make_plan
 from dash.schedules.orders import l2_section_heads
 
 ROOT = Path(__file__).resolve().parents[1]
 
-#: BwdScheduleKind in csrc/schedule/schedule.h.
-KERNEL_KINDS = {"fa3": 0, "interleaved": 1, "descending": 2, "shift": 3}
+#: BwdScheduleKind in csrc/schedule/schedule.h, numbered in the order of dash.config's table:
+#: a mismatch makes every comparison below fail.
+KERNEL_KINDS = {name: i for i, name in enumerate(KERNEL_SCHEDULES)}
 
 
 @pytest.fixture(scope="module")

@@ -245,7 +245,7 @@ struct ShiftSchedule {
   }
 };
 
-// Schedule names shared with Python (dash.schedules / dash.interface).
+// Schedule names shared with Python: dash.config.KERNEL_SCHEDULES lists them in this order.
 enum class BwdScheduleKind : int { kFa3 = 0, kInterleaved = 1, kDescending = 2, kShift = 3 };
 
 // The claimed schedules. A non-deterministic run keeps the schedule's item and visit order

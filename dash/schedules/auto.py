@@ -11,6 +11,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Iterable
 
+from dash.config import PORTABLE_KERNEL_SCHEDULES
 from dash.schedules.orders import SCHEDULE_NAMES, make_plan
 from dash.schedules.simulate import Costs, simulate
 from dash.schedules.tiling import Problem
@@ -74,9 +75,8 @@ def portability_cost(problem: Problem, ctas: int, costs: Costs | None = None, *,
 # schedule="auto" at call time
 # --------------------------------------------------------------------------------------------
 
-#: Kernel schedules whose bits do not depend on the CTA count: what ``auto`` picks among, so
-#: that ``auto`` gives the same bits on every Hopper part and with any ``sm_margin``.
-PORTABLE_KERNEL_SCHEDULES: tuple[str, ...] = ("fa3", "interleaved", "descending")
+# auto picks among dash.config.PORTABLE_KERNEL_SCHEDULES, whose bits do not depend on the CTA
+# count, so that auto gives the same bits on every Hopper part and with any sm_margin.
 
 #: Model costs per (head dim, causal), in microseconds, fitted to traces of the kernel
 #: (``python -m dash trace``, ``TraceResult.fit_costs``) on an H200, 2026-11-30, at the kernel

@@ -42,7 +42,7 @@ from dash._build import first_compiler_error, resolve_cuda_home, toolkit_headers
 from dash._sources import sources_digest  # noqa: E402  (pure Python)
 
 MANIFEST_NAME = "_build_manifest.json"
-GENERATED_HEADER = ROOT / "csrc" / "generated" / "bwd_config.h"
+GENERATED_HEADER = ROOT / "csrc" / "generated" / "tile_config.h"
 DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16"}
 # nvcc peaks at about 2 GB per CuTe translation unit.
 GB_PER_COMPILE_JOB = 2.5
@@ -227,8 +227,8 @@ def _extension_kwargs() -> dict:
     cutlass_inc = _cutlass_include()
     dash_config.write_if_changed(str(GENERATED_HEADER), dash_config.render_cpp_header())
 
-    sources = ["csrc/torch_binding.cpp", "csrc/bwd_dispatch.cpp"]
-    sources += [f"csrc/instantiations/bwd_hdim{d}_{t}.cu" for d in hdims for t in dtypes]
+    sources = ["csrc/torch_binding.cpp", "csrc/bwd_dispatch.cpp", "csrc/fwd_dispatch.cpp"]
+    sources += [f"csrc/instantiations/{kind}_hdim{d}_{t}.cu" for kind in ("fwd", "bwd") for d in hdims for t in dtypes]
     defines = [f"-DDASH_BUILD_HDIM{d}" for d in hdims] + [f"-DDASH_BUILD_{t.upper()}" for t in dtypes]
     # No -std flag: torch's BuildExtension adds the C++ standard its own headers need
     # (C++17 up to torch 2.13, C++20 from 2.14), for the host compiler and nvcc alike.

@@ -6,7 +6,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "generated/bwd_config.h"
+#include "generated/tile_config.h"
 
 namespace cutlass {
 struct bfloat16_t;

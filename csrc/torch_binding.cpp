@@ -1,4 +1,4 @@
-// torch op layer: the dash::bwd schema, argument checks, workspace from PyTorch's caching
+// torch op layer: the dash::fwd and dash::bwd schemas, argument checks, workspace from PyTorch's caching
 // allocator, and the call into the kernel library (bwd_api.h). The Python layer
 // (dash/interface.py) validates first with friendlier messages; these checks guard direct
 // calls of torch.ops.dash.bwd.
@@ -15,6 +15,7 @@
 #include <string>
 
 #include "bwd_api.h"
+#include "fwd_api.h"
 
 namespace {
 
@@ -216,9 +217,92 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_trace_cuda(Tensor const& dout, Te
                       /*trace=*/true);
 }
 
+// The forward: out (shaped like q, contiguous) and softmax_lse (float32, (batch, heads,
+// seqlen_q)). `deterministic` and `schedule` only travel with the op so that autograd can
+// hand them to the backward (the forward's result never depends on them).
+std::tuple<Tensor, Tensor> fwd_cuda(Tensor const& q, Tensor const& k, Tensor const& v, double softmax_scale,
+                                    bool causal, bool deterministic, c10::string_view schedule, int64_t sm_margin) {
+  (void)deterministic;
+  (void)schedule;
+  for (auto const* t : {&q, &k, &v}) {
+    TORCH_CHECK(t->is_cuda(), "dash.fwd: q, k, v must be on a CUDA device");
+    TORCH_CHECK(t->scalar_type() == q.scalar_type(), "dash.fwd: q, k, v must share one dtype");
+  }
+  TORCH_CHECK(q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf,
+              "dash.fwd: dtype must be bfloat16 or float16, got ", q.scalar_type());
+  check_bshd(q, "q");
+  check_bshd(k, "k");
+  check_bshd(v, "v");
+  int64_t const batch = q.size(0), seqlen_q = q.size(1), heads = q.size(2), head_dim = q.size(3);
+  int64_t const seqlen_k = k.size(1), heads_k = k.size(2);
+  TORCH_CHECK(k.sizes() == v.sizes(), "dash.fwd: k and v must have the same shape");
+  TORCH_CHECK(k.size(0) == batch && k.size(3) == head_dim, "dash.fwd: k must be (batch, seqlen_k, heads_k, head_dim)");
+  TORCH_CHECK(heads_k > 0 && heads % heads_k == 0, "dash.fwd: heads of q (", heads,
+              ") must be divisible by heads of k/v (", heads_k, ")");
+  TORCH_CHECK(batch > 0 && seqlen_q > 0 && seqlen_k > 0 && heads > 0, "dash.fwd: empty inputs are not supported");
+  TORCH_CHECK(seqlen_q < (1 << 30) && seqlen_k < (1 << 30), "dash.fwd: sequence too long");
+  TORCH_CHECK(k.device() == q.device() && v.device() == q.device(), "dash.fwd: q, k, v must be on one device");
+
+  c10::cuda::CUDAGuard device_guard(q.device());
+  auto const* props = at::cuda::getCurrentDeviceProperties();
+  TORCH_CHECK(props->major == 9 && props->minor == 0,
+              "dash.fwd: needs a compute capability 9.0 GPU (H100/H200/H800/H20), got ", props->name, " with ",
+              props->major, ".", props->minor);
+  TORCH_CHECK(sm_margin >= 0 && sm_margin < props->multiProcessorCount, "dash.fwd: sm_margin=", sm_margin,
+              " must be in [0, ", props->multiProcessorCount, ")");
+
+  dash::FwdParams p;
+  p.dtype = q.scalar_type() == at::kBFloat16 ? dash::DType::kBFloat16 : dash::DType::kFloat16;
+  p.batch = int(batch);
+  p.seqlen_q = int(seqlen_q);
+  p.seqlen_k = int(seqlen_k);
+  p.num_heads = int(heads);
+  p.num_heads_k = int(heads_k);
+  p.head_dim = int(head_dim);
+  TORCH_CHECK(dash::bwd_is_built(p.head_dim, p.dtype), "dash.fwd: head_dim=", head_dim, " with dtype ",
+              q.scalar_type(), " is not built; built head dims: ", dash::bwd_built_head_dims(),
+              "; built dtypes: ", dash::bwd_built_dtypes());
+
+  Tensor out = at::empty_like(q, at::MemoryFormat::Contiguous);
+  Tensor lse = at::empty({batch, heads, seqlen_q}, q.options().dtype(at::kFloat));
+  Tensor tile_counter = at::empty({1}, q.options().dtype(at::kInt));  // zeroed by run_fwd on the stream
+  p.tile_counter = tile_counter.data_ptr<int>();
+  p.q = q.data_ptr();
+  p.k = k.data_ptr();
+  p.v = v.data_ptr();
+  p.q_strides = bshd_strides(q);
+  p.k_strides = bshd_strides(k);
+  p.v_strides = bshd_strides(v);
+  p.out = out.data_ptr();
+  p.out_strides = bshd_strides(out);
+  p.lse = lse.data_ptr<float>();
+  p.softmax_scale = float(softmax_scale);
+  p.causal = causal;
+  p.num_ctas_max = int(props->multiProcessorCount - sm_margin);
+
+  // Test hook (see run_backward): NaN-fill the outputs so a test proves the kernel wrote them all.
+  char const* poison = std::getenv("DASH_POISON_OUTPUTS");
+  if (poison != nullptr && poison[0] == '1') {
+    for (Tensor* t : {&out, &lse}) {
+      C10_CUDA_CHECK(cudaMemsetAsync(t->data_ptr(), 0xFF, t->nbytes(), at::cuda::getCurrentCUDAStream()));
+    }
+  }
+  NvtxRange range("dash.fwd hdim" + std::to_string(head_dim) + (causal ? " causal" : " full") +
+                  (heads != heads_k ? " gqa" : ""));
+  try {
+    dash::run_fwd(p, at::cuda::getCurrentCUDAStream());
+  } catch (std::exception const& e) {
+    TORCH_CHECK(false, e.what());
+  }
+  return {out, lse};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(dash, m) {
+  m.def(
+      "fwd(Tensor q, Tensor k, Tensor v, float softmax_scale, bool causal, bool deterministic, str schedule, "
+      "int sm_margin) -> (Tensor out, Tensor softmax_lse)");
   m.def(
       "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, float softmax_scale, "
       "bool causal, bool deterministic, str schedule, int sm_margin) -> (Tensor dq, Tensor dk, Tensor dv)");
@@ -230,6 +314,7 @@ TORCH_LIBRARY_FRAGMENT(dash, m) {
 }
 
 TORCH_LIBRARY_IMPL(dash, CUDA, m) {
+  m.impl("fwd", &fwd_cuda);
   m.impl("bwd", &bwd_cuda);
   m.impl("bwd_trace", &bwd_trace_cuda);
 }

@@ -69,7 +69,7 @@ def _dtype(name: str) -> torch.dtype:
 
 def make_input_sets(shape: Shape, n_sets: int, device: torch.device, seed: int = 0) -> list[dict]:
     """Fresh randn inputs plus the DASH forward's out/lse and a random dout, per set."""
-    from dash.interface import _sdpa_forward
+    from dash.ops import forward_impl
 
     gen = torch.Generator(device=device).manual_seed(seed)
     dt = _dtype(shape.dtype)
@@ -82,7 +82,7 @@ def make_input_sets(shape: Shape, n_sets: int, device: torch.device, seed: int =
         dout = torch.randn_like(q)
         scale = shape.head_dim ** -0.5
         with torch.no_grad():
-            out, lse = _sdpa_forward(q, k, v, scale, shape.causal)
+            out, lse = forward_impl(q, k, v, scale, shape.causal)
         sets.append(dict(q=q, k=k, v=v, out=out, lse=lse, dout=dout, scale=scale))
     return sets
 
@@ -106,7 +106,7 @@ def cuda_time_ms(fn: Callable[[dict], object], sets: list[dict], warmup: int, it
 
 def _dash_backward(deterministic: bool, schedule: str = "fa3") -> Callable[[dict], tuple]:
     """DASH's backward kernels alone (``attention_backward`` on a precomputed out/lse)."""
-    from dash.interface import attention_backward
+    from dash.api import attention_backward
 
     def run(s: dict):
         return attention_backward(s["dout"], s["q"], s["k"], s["v"], s["out"], s["lse"], softmax_scale=s["scale"],
@@ -130,7 +130,7 @@ def _autograd_backward(key: str, forward: Callable[[dict, tuple], torch.Tensor])
 
 
 def _dash_user_path(deterministic: bool, schedule: str = "auto") -> Callable[[dict], tuple]:
-    from dash.interface import flash_attn_func
+    from dash.api import flash_attn_func
 
     def forward(s, qkv):
         return flash_attn_func(*qkv, softmax_scale=s["scale"], causal=s["causal"], deterministic=deterministic,

@@ -1,11 +1,11 @@
-"""The one tile-configuration table of DASH's attention backward.
+"""The one tile-configuration table of DASH's attention kernels (forward and backward).
 
 This module is the single source of truth for tile shapes and pipeline depths.
 It drives three consumers:
 
 * the kernels, through a C++ header rendered from this table at build time
   (``render_cpp_header``; ``setup.py`` and ``tools/check_kernels.py`` write it to
-  ``csrc/generated/bwd_config.h``, which is never edited or committed);
+  ``csrc/generated/tile_config.h``, which is never edited or committed);
 * the host launch layer (workspace sizes, grid sizes) through that same header;
 * Python: the scheduling model tiles problems with exactly these block sizes.
 
@@ -93,6 +93,64 @@ BWD_TILE_CONFIGS: tuple[BwdTileConfig, ...] = (
     BwdTileConfig(128, True, 64, 128, 2, 2, 2, 2, note="FA3's causal hdim-128 tile; ~193 KB smem"),
 )
 
+@dataclass(frozen=True)
+class FwdTileConfig:
+    """Tiling of the forward kernel for one (head dim, mask) pair.
+
+    A *Q tile* is ``block_m`` query rows (one CTA work item); the mainloop walks its KV
+    blocks of ``block_n`` keys from the last to the first, so that the masked diagonal
+    blocks of a causal tile come first. Each MMA warpgroup owns 64 rows of the Q tile
+    (``block_m == 64 * mma_warpgroups``) and keeps its O rows in registers.
+    """
+
+    head_dim: int
+    causal: bool
+    block_m: int  # query rows per Q tile
+    block_n: int  # keys per KV block
+    mma_warpgroups: int  # consumer warpgroups; +1 producer warpgroup
+    kv_stages: int  # smem buffers of K and of V in flight
+    mma_registers: int  # setmaxnreg of the MMA warpgroups (the producer keeps 24)
+    pingpong: bool  # MMA warpgroups take turns issuing GEMMs (one's softmax hides under the other's GEMMs)
+    note: str = ""
+
+    def __post_init__(self) -> None:
+        if self.block_m != 64 * self.mma_warpgroups:
+            raise ValueError(f"block_m={self.block_m} must be 64 * mma_warpgroups={self.mma_warpgroups}")
+        if self.block_n % 64 != 0 or self.head_dim % 64 != 0:
+            raise ValueError(f"block_n={self.block_n} and head_dim={self.head_dim} must be multiples of 64")
+        threads = self.num_threads
+        if 128 * (24 + self.mma_warpgroups * self.mma_registers) > 65536 or self.mma_registers % 8:
+            raise ValueError(f"mma_registers={self.mma_registers} with {threads} threads exceeds the register file")
+
+    @property
+    def num_threads(self) -> int:
+        return 128 * (self.mma_warpgroups + 1)
+
+    def smem_bytes(self, elem_bytes: int = 2) -> int:
+        d = self.head_dim
+        return (self.block_m * d + 2 * self.kv_stages * self.block_n * d) * elem_bytes
+
+
+#: The forward table. Keyed by (head_dim, causal).
+FWD_TILE_CONFIGS: tuple[FwdTileConfig, ...] = (
+    FwdTileConfig(64, False, 192, 128, 3, 2, 160, True, note="3 MMA warpgroups of 64 rows; ~88 KB smem"),
+    FwdTileConfig(64, True, 192, 128, 3, 2, 160, True, note="3 MMA warpgroups of 64 rows; ~88 KB smem"),
+    FwdTileConfig(128, False, 128, 128, 2, 2, 240, True, note="~160 KB smem"),
+    FwdTileConfig(128, True, 128, 128, 2, 2, 240, True, note="~160 KB smem"),
+)
+
+
+def fwd_tile_config(head_dim: int, causal: bool) -> FwdTileConfig:
+    """Return the forward configuration for ``head_dim`` and mask; raise a clear error otherwise."""
+    for cfg in FWD_TILE_CONFIGS:
+        if cfg.head_dim == head_dim and cfg.causal == bool(causal):
+            return cfg
+    supported = ", ".join(str(d) for d in SUPPORTED_HEAD_DIMS)
+    raise NotImplementedError(
+        f"head_dim={head_dim} is not supported yet by DASH's forward; supported head dims: {supported}"
+    )
+
+
 #: Semaphore / workspace constants shared by host and kernels.
 PREPROCESS_THREADS = 256
 H100_SMEM_LIMIT_BYTES = 227 * 1024
@@ -109,7 +167,7 @@ def bwd_tile_config(head_dim: int, causal: bool) -> BwdTileConfig:
     )
 
 
-def _check_table(configs: Iterable[BwdTileConfig]) -> None:
+def _check_table(configs: Iterable[BwdTileConfig | FwdTileConfig]) -> None:
     seen = set()
     for cfg in configs:
         key = (cfg.head_dim, cfg.causal)
@@ -125,6 +183,7 @@ def _check_table(configs: Iterable[BwdTileConfig]) -> None:
 
 
 _check_table(BWD_TILE_CONFIGS)
+_check_table(FWD_TILE_CONFIGS)
 
 
 def render_cpp_header() -> str:
@@ -155,6 +214,25 @@ def render_cpp_header() -> str:
             "};",
             "",
         ]
+    lines += [
+        "template <int kHeadDim_, bool Is_causal_> struct FwdTileConfig;",
+        "",
+    ]
+    for cfg in FWD_TILE_CONFIGS:
+        lines += [
+            f"// {cfg.note}" if cfg.note else "//",
+            f"template <> struct FwdTileConfig<{cfg.head_dim}, {'true' if cfg.causal else 'false'}> {{",
+            f"  static constexpr int kHeadDim = {cfg.head_dim};",
+            f"  static constexpr bool Is_causal = {'true' if cfg.causal else 'false'};",
+            f"  static constexpr int kBlockM = {cfg.block_m};",
+            f"  static constexpr int kBlockN = {cfg.block_n};",
+            f"  static constexpr int NumMmaWarpGroups = {cfg.mma_warpgroups};",
+            f"  static constexpr int kStagesKV = {cfg.kv_stages};",
+            f"  static constexpr int kMmaRegisters = {cfg.mma_registers};",
+            f"  static constexpr bool kPingPong = {'true' if cfg.pingpong else 'false'};",
+            "};",
+            "",
+        ]
     dims = ", ".join(str(d) for d in SUPPORTED_HEAD_DIMS)
     lines += [
         f"inline constexpr int kSupportedHeadDims[] = {{{dims}}};",
@@ -177,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             write_if_changed(args.header, text)
     else:
-        for cfg in BWD_TILE_CONFIGS:
+        for cfg in (*BWD_TILE_CONFIGS, *FWD_TILE_CONFIGS):
             print(cfg)
     return 0
 

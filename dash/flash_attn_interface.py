@@ -1,8 +1,241 @@
-"""Drop-in module path for code written against FA3:
+"""FA3's module, DASH inside: ``hopper/flash_attn_interface.py`` of flash-attention.
+
+For code written against FA3:
 
     from dash.flash_attn_interface import flash_attn_func
+
+and, for frameworks that drive the forward and backward themselves (TransformerEngine's
+FlashAttention-3 backend and its context parallelism), FA3's low-level entry points:
+
+    out, softmax_lse, *_ = _flash_attn_forward(q, k, v, ..., softmax_scale=s, causal=True)
+    softmax_d = _flash_attn_backward(dout, q, k, v, out, softmax_lse, ..., dq, dk, dv, ...)
+
+Both take FA3's arguments by FA3's names, in FA3's order, with FA3's defaults, and return
+what FA3 returns; each FA3 feature DASH does not have (variable-length sequences, KV caches,
+paged KV, rotary, FP8 descales, softcapping, sliding windows, split-KV, ...) raises
+NotImplementedError naming the argument and the value. They run on DASH's ops:
+``dash::fwd`` for the forward, ``dash::bwd`` (DASH's deterministic Hopper backward) for the
+backward.
+
+To make ``import flash_attn_interface`` / ``import flash_attn_3.flash_attn_interface``
+load this module, see ``dash.install_as_flash_attn_3`` (``dash.fa3_alias``): opt-in, and
+never over a real FA3.
+
+``flash_attn_with_kvcache``, ``flash_attn_combine`` and ``get_scheduler_metadata`` exist so
+that code importing them by name imports; calling them raises NotImplementedError.
 """
 
-from dash.interface import flash_attn_func, flash_attn_qkvpacked_func, flash_attn_varlen_func
+from __future__ import annotations
 
-__all__ = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_varlen_func"]
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from dash import _ext
+from dash.api import flash_attn_func, flash_attn_qkvpacked_func, flash_attn_varlen_func
+from dash.ops import resolve_deterministic, run_backward, run_forward
+from dash.validation import (
+    check_bool,
+    check_bshd,
+    check_output_buffer,
+    check_tensor,
+    effective_causal_from_sides,
+    reject_unsupported_fa3_arguments,
+    validate_backward_inputs,
+    validate_for_launch,
+)
+
+__all__ = [
+    "flash_attn_func",
+    "flash_attn_qkvpacked_func",
+    "flash_attn_varlen_func",
+    "flash_attn_with_kvcache",
+    "flash_attn_combine",
+    "get_scheduler_metadata",
+    "_flash_attn_forward",
+    "_flash_attn_backward",
+]
+
+
+def _contiguous_last_dim(name: str, t: object) -> Tensor:
+    """FA3's ``maybe_contiguous``: its entry points copy a tensor whose last dim is strided
+    rather than reject it; DASH's do the same, so FA3 callers see the same behaviour."""
+    check_tensor(name, t)
+    return t.contiguous() if t.dim() > 0 and t.stride(-1) != 1 else t
+
+
+def _flash_attn_forward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    k_new: Optional[Tensor] = None,
+    v_new: Optional[Tensor] = None,
+    qv: Optional[Tensor] = None,
+    out_: Optional[Tensor] = None,
+    cu_seqlens_q: Optional[Tensor] = None,
+    cu_seqlens_k: Optional[Tensor] = None,
+    cu_seqlens_k_new: Optional[Tensor] = None,
+    seqused_q: Optional[Tensor] = None,
+    seqused_k: Optional[Tensor] = None,
+    max_seqlen_q: Optional[int] = None,
+    max_seqlen_k: Optional[int] = None,
+    page_table: Optional[Tensor] = None,
+    kv_batch_idx: Optional[Tensor] = None,
+    leftpad_k: Optional[Tensor] = None,
+    rotary_cos: Optional[Tensor] = None,
+    rotary_sin: Optional[Tensor] = None,
+    seqlens_rotary: Optional[Tensor] = None,
+    q_descale: Optional[Tensor] = None,
+    k_descale: Optional[Tensor] = None,
+    v_descale: Optional[Tensor] = None,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size_left: int = -1,
+    window_size_right: int = -1,
+    attention_chunk: int = 0,
+    softcap: float = 0.0,
+    rotary_interleaved: bool = True,
+    scheduler_metadata: Optional[Tensor] = None,
+    num_splits: int = 1,
+    pack_gqa: Optional[bool] = None,
+    sm_margin: int = 0,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """FA3's ``_flash_attn_forward`` (same parameters, order and defaults) on ``dash::fwd``.
+
+    q: (batch, seqlen_q, heads, head_dim); k, v: (batch, seqlen_k, heads_kv, head_dim).
+    ``causal`` and the window (``window_size_left``, ``window_size_right``; -1 unbounded)
+    follow FA3's normalisation: the mask must come out as no mask or the (bottom-right)
+    causal mask, e.g. (-1, 0) is causal; a real sliding window raises NotImplementedError.
+
+    Accepted and used: q, k, v, out_ (the result is copied into it and it is returned as
+    out), softmax_scale (default head_dim ** -0.5), causal, the window as above, sm_margin.
+    Accepted and ignored, as they choose nothing in DASH: max_seqlen_q / max_seqlen_k (FA3
+    reads them only with cu_seqlens_*), rotary_interleaved (only with rotary_cos/sin),
+    pack_gqa, num_splits 0 or 1 (DASH never splits KV). Everything else must stay at its
+    default; otherwise NotImplementedError names the argument and the value.
+
+    Returns (out, softmax_lse, out_accum, softmax_lse_accum) as FA3 does: out like q,
+    softmax_lse float32 (batch, heads, seqlen_q) in FA3's convention (natural log; -inf for
+    rows that see no key), and the split-KV partials, which FA3 too returns as empty float32
+    tensors when it does not split -- DASH never splits, so they are always empty.
+
+    If q, k or v require grad with grad mode on, the result is differentiable through DASH's
+    backward (deterministic as ``torch.are_deterministic_algorithms_enabled()`` says).
+    """
+    reject_unsupported_fa3_arguments(
+        k_new=k_new, v_new=v_new, qv=qv, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+        cu_seqlens_k_new=cu_seqlens_k_new, seqused_q=seqused_q, seqused_k=seqused_k, page_table=page_table,
+        kv_batch_idx=kv_batch_idx, leftpad_k=leftpad_k, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
+        seqlens_rotary=seqlens_rotary, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
+        attention_chunk=attention_chunk, softcap=softcap, scheduler_metadata=scheduler_metadata,
+        num_splits=num_splits,
+    )
+    check_bool("causal", causal)
+    q, k, v = (_contiguous_last_dim(name, check_bshd(name, t)) for name, t in (("q", q), ("k", k), ("v", v)))
+    # Before the device checks, so an unsupported window is reported as such on any machine.
+    is_causal = effective_causal_from_sides(window_size_left, window_size_right, causal, q.shape[1], k.shape[1])
+    validate_for_launch(q, k, v, softmax_scale=softmax_scale, causal=is_causal, sm_margin=sm_margin)
+    if out_ is not None:
+        check_output_buffer("out_", out_, q, "q")
+    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    deterministic = resolve_deterministic(None, needs_grad)
+    scale = float(softmax_scale) if softmax_scale is not None else q.shape[-1] ** -0.5
+    out, softmax_lse = run_forward(q, k, v, scale, is_causal, deterministic, "auto", int(sm_margin))
+    if out_ is not None:
+        out = out_.copy_(out)
+    out_accum = torch.empty(0, dtype=torch.float32, device=out.device)
+    softmax_lse_accum = torch.empty(0, dtype=torch.float32, device=out.device)
+    return out, softmax_lse, out_accum, softmax_lse_accum
+
+
+def _flash_attn_backward(
+    dout: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    softmax_lse: Tensor,
+    cu_seqlens_q: Optional[Tensor] = None,
+    cu_seqlens_k: Optional[Tensor] = None,
+    sequed_q: Optional[Tensor] = None,
+    sequed_k: Optional[Tensor] = None,
+    max_seqlen_q: Optional[int] = None,
+    max_seqlen_k: Optional[int] = None,
+    dq: Optional[Tensor] = None,
+    dk: Optional[Tensor] = None,
+    dv: Optional[Tensor] = None,
+    softmax_scale: Optional[float] = None,
+    is_causal: bool = False,
+    window_size_left: int = -1,
+    window_size_right: int = -1,
+    softcap: float = 0.0,
+    deterministic: bool = False,
+    sm_margin: int = 0,
+) -> Tensor:
+    """FA3's ``_flash_attn_backward`` (same parameters, order and defaults, including FA3's
+    spelling ``sequed_q``/``sequed_k``) on ``dash::bwd``.
+
+    dout, out: like q; softmax_lse: float32 (batch, heads, seqlen_q) from the forward (FA3's
+    or DASH's: same convention). ``is_causal`` and the window are normalised as in
+    ``_flash_attn_forward``. deterministic=True makes dq, dk, dv bitwise reproducible
+    (DASH's ordered reduction); sm_margin leaves SMs free for communication kernels.
+
+    dq, dk, dv are outputs, as in FA3: each one given (shaped, typed and placed like q, k, v
+    respectively; any strides) receives its gradient. One left None is computed and dropped,
+    as FA3 does (its gradient is not returned), so pass all three. DASH's backward op
+    allocates its results, which are then copied into the buffers (one extra copy each).
+
+    Accepted and ignored: max_seqlen_q / max_seqlen_k (FA3 reads them only with
+    cu_seqlens_*). cu_seqlens_q/k, sequed_q/k, softcap != 0 and a real sliding window raise
+    NotImplementedError naming the argument and the value.
+
+    Returns what FA3 returns: ``softmax_d``, float32 (batch, heads, seqlen_q), the row sums
+    of dout * out (the "D" term of the softmax gradient), computed here in float32 from dout
+    and out. FA3's tensor has its last dim padded to its tile height, with zeros past
+    seqlen_q; DASH's has exactly seqlen_q columns, so ``softmax_d[..., :seqlen_q]`` means the
+    same with both.
+    """
+    reject_unsupported_fa3_arguments(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, sequed_q=sequed_q,
+                                     sequed_k=sequed_k, softcap=softcap)
+    check_bool("is_causal", is_causal)
+    check_bool("deterministic", deterministic)
+    q, k, v = (_contiguous_last_dim(name, check_bshd(name, t)) for name, t in (("q", q), ("k", k), ("v", v)))
+    dout, out = (_contiguous_last_dim(name, t) for name, t in (("dout", dout), ("out", out)))
+    # Before the device checks, so an unsupported window is reported as such on any machine.
+    causal = effective_causal_from_sides(window_size_left, window_size_right, is_causal, q.shape[1], k.shape[1],
+                                         causal_arg="is_causal")
+    validate_backward_inputs(dout, q, k, v, out, softmax_lse, softmax_scale=softmax_scale, causal=causal,
+                             sm_margin=sm_margin, deterministic=deterministic)
+    buffers = (dq, dk, dv)
+    for name, buffer, like, like_name in zip(("dq", "dk", "dv"), buffers, (q, k, v), ("q", "k", "v")):
+        if buffer is not None:
+            check_output_buffer(name, buffer, like, like_name)
+    _ext.require_kernels()
+    scale = float(softmax_scale) if softmax_scale is not None else q.shape[-1] ** -0.5
+    grads = run_backward(dout, q, k, v, out, softmax_lse, scale, causal, deterministic, "auto", int(sm_margin))
+    for buffer, grad in zip(buffers, grads):
+        if buffer is not None:
+            buffer.copy_(grad)
+    # D_i = sum_d dout[i, d] * out[i, d], as FA3's backward preprocessing computes it.
+    return (dout.float() * out.float()).sum(dim=-1).transpose(1, 2).contiguous()
+
+
+def flash_attn_with_kvcache(*args, **kwargs):
+    """FA3's KV-cache (inference) API: not supported."""
+    raise NotImplementedError(
+        "flash_attn_with_kvcache (KV-cache inference) is not supported by DASH; use flash_attn_func on the full keys "
+        "and values"
+    )
+
+
+def flash_attn_combine(*args, **kwargs):
+    """FA3's combination of split-KV partial results: not supported (DASH never splits KV)."""
+    raise NotImplementedError("flash_attn_combine (merging split-KV partials) is not supported by DASH, which never "
+                              "splits KV; flash_attn_func returns the final output")
+
+
+def get_scheduler_metadata(*args, **kwargs):
+    """FA3's scheduler metadata for flash_attn_with_kvcache: not supported."""
+    raise NotImplementedError("get_scheduler_metadata (FA3's KV-cache scheduler) is not supported by DASH; "
+                              "pass scheduler_metadata=None")

@@ -239,12 +239,13 @@ class TraceResult:
 def trace_backward(dout, q, k, v, out, softmax_lse, *, softmax_scale: Optional[float] = None, causal: bool = False,
                    deterministic: bool = True, schedule: str = "auto", sm_margin: int = 0):
     """DASH's backward with the kernel's trace flag. Returns ``(dq, dk, dv, TraceResult)``;
-    the gradients are those of ``dash.interface.attention_backward`` (same kernels)."""
+    the gradients are those of ``dash.api.attention_backward`` (same kernels)."""
     import torch
 
     from dash import _ext
-    from dash.interface import _grid_ctas, resolve_schedule, validate_inputs
+    from dash.ops import grid_ctas, resolve_schedule
     from dash.schedules import Problem
+    from dash.validation import validate_inputs
 
     validate_inputs(q, k, v, softmax_scale=softmax_scale, causal=causal, sm_margin=sm_margin, schedule=schedule,
                     deterministic=deterministic)
@@ -256,7 +257,7 @@ def trace_backward(dout, q, k, v, out, softmax_lse, *, softmax_scale: Optional[f
     batch, seqlen_q, heads, head_dim = q.shape
     problem = Problem(batch, heads, seqlen_q, k.shape[1], head_dim=head_dim, heads_kv=k.shape[2], causal=causal)
     columns = -(-k.shape[1] // problem.tile_shape[1]) * heads * batch
-    ctas = min(_grid_ctas(q.device, sm_margin), columns)
+    ctas = min(grid_ctas(q.device, sm_margin), columns)
     rec = decode_records(raw.cpu().numpy(), heads)
     return dq, dk, dv, TraceResult(problem, sched, deterministic, ctas, rec)
 
@@ -366,9 +367,9 @@ def run(args: argparse.Namespace) -> int:
     k = torch.randn(batch, seqlen_k, heads_kv, args.hdim, device="cuda", dtype=torch.bfloat16, generator=g)
     v = torch.randn_like(k)
     dout = torch.randn_like(q)
-    from dash.interface import _sdpa_forward
+    from dash.ops import forward_impl
 
-    out, lse = _sdpa_forward(q, k, v, args.hdim ** -0.5, args.causal)
+    out, lse = forward_impl(q, k, v, args.hdim ** -0.5, args.causal)
     det = not args.nondeterministic
     # One untraced warm-up call (module load, descriptor caches), then the traced one.
     trace_backward(dout, q, k, v, out, lse, causal=args.causal, deterministic=det, schedule=args.schedule,

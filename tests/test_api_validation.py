@@ -23,17 +23,10 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import dash  # noqa: E402
-from dash import _ext  # noqa: E402
-from dash import interface as I  # noqa: E402
-from dash.config import SUPPORTED_HEAD_DIMS  # noqa: E402
-from dash.interface import (  # noqa: E402
-    KERNEL_SCHEDULES,
-    SCHEDULE_NAMES,
-    attention_backward,
-    flash_attn_func,
-    flash_attn_qkvpacked_func,
-    validate_inputs,
-)
+from dash import _ext, api, interface, ops  # noqa: E402
+from dash.api import attention_backward, flash_attn_func, flash_attn_qkvpacked_func  # noqa: E402
+from dash.config import KERNEL_SCHEDULES, PORTABLE_KERNEL_SCHEDULES, SUPPORTED_HEAD_DIMS  # noqa: E402
+from dash.validation import SCHEDULE_NAMES, validate_inputs  # noqa: E402
 
 #: Folder holding the dash package under test; subprocesses import the same dash through PYTHONPATH.
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(dash.__file__)))
@@ -301,7 +294,7 @@ def test_window_size_not_supported(window):
     ((700, 0), False, (300, 700), True),
 ])
 def test_windows_equivalent_to_supported_masks_are_accepted(window, causal, seqlens, expect_causal):
-    from dash.interface import effective_causal
+    from dash.validation import effective_causal
 
     q, k, v = _qkv(seqlen_q=seqlens[0], seqlen_k=seqlens[1])
     assert _validate(q, k, v, window_size=window, causal=causal) is None
@@ -370,10 +363,10 @@ def test_schedule_name_tables():
     for causal in (False, True):
         for det in (False, True):
             # auto picks a schedule whose bits do not depend on the GPU.
-            assert I.resolve_schedule("auto", q, k, causal, det, 0) in I.PORTABLE_KERNEL_SCHEDULES
-    assert set(I.PORTABLE_KERNEL_SCHEDULES) < set(KERNEL_SCHEDULES)
+            assert ops.resolve_schedule("auto", q, k, causal, det, 0) in PORTABLE_KERNEL_SCHEDULES
+    assert set(PORTABLE_KERNEL_SCHEDULES) < set(KERNEL_SCHEDULES)
     for name in KERNEL_SCHEDULES:
-        assert I.resolve_schedule(name, q, k, False, True, 0) == name
+        assert ops.resolve_schedule(name, q, k, False, True, 0) == name
 
 
 @pytest.mark.parametrize("schedule", ["bogus", "FA3", "", "all", "Auto", None], ids=repr)
@@ -730,9 +723,37 @@ def test_drop_in_module_is_the_same_function():
     from dash.flash_attn_interface import flash_attn_func as fa3_path
     from dash.flash_attn_interface import flash_attn_qkvpacked_func, flash_attn_varlen_func
 
-    assert fa3_path is dash.flash_attn_func is I.flash_attn_func
-    assert flash_attn_qkvpacked_func is dash.flash_attn_qkvpacked_func is I.flash_attn_qkvpacked_func
-    assert flash_attn_varlen_func is dash.flash_attn_varlen_func is I.flash_attn_varlen_func
+    assert fa3_path is dash.flash_attn_func is api.flash_attn_func
+    assert flash_attn_qkvpacked_func is dash.flash_attn_qkvpacked_func is api.flash_attn_qkvpacked_func
+    assert flash_attn_varlen_func is dash.flash_attn_varlen_func is api.flash_attn_varlen_func
+
+
+def test_dash_interface_keeps_its_old_names():
+    """dash.interface was split into dash.api, dash.validation and dash.ops; code importing
+    the old names from it (README, users' scripts) must keep working, with the same objects."""
+    from dash import validation
+
+    moved = {
+        "flash_attn_func": api.flash_attn_func,
+        "flash_attn_qkvpacked_func": api.flash_attn_qkvpacked_func,
+        "flash_attn_varlen_func": api.flash_attn_varlen_func,
+        "attention_backward": api.attention_backward,
+        "validate_inputs": validation.validate_inputs,
+        "effective_causal": validation.effective_causal,
+        "SCHEDULE_NAMES": validation.SCHEDULE_NAMES,
+        "KERNEL_SCHEDULES": KERNEL_SCHEDULES,
+        "PORTABLE_KERNEL_SCHEDULES": PORTABLE_KERNEL_SCHEDULES,
+        "resolve_schedule": ops.resolve_schedule,
+        "_grid_ctas": ops.grid_ctas,
+        "_resolve_deterministic": ops.resolve_deterministic,
+        "_auto_schedule": ops._auto_schedule,
+        "_check_tensor": validation.check_tensor,
+        "_describe": validation.describe_tensor,
+        "_check_cuda_devices": validation.check_cuda_devices,
+        "_aligned": validation.is_tma_aligned,
+    }
+    for name, obj in moved.items():
+        assert getattr(interface, name) is obj, name
 
 
 def test_flash_attn_func_signature_is_fa3s_plus_schedule():

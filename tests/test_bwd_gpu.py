@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from dash import reference
-from dash.interface import attention_backward, flash_attn_func
+from dash.api import attention_backward, flash_attn_func
 
 pytestmark = pytest.mark.gpu
 

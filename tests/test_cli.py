@@ -554,7 +554,7 @@ def test_config_module_writes_the_header(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert p.stdout == C.render_cpp_header()
-    out = tmp_path / "gen" / "bwd_config.h"
+    out = tmp_path / "gen" / "tile_config.h"
     assert C.write_if_changed(str(out), p.stdout) is True
     assert out.read_text() == p.stdout
     assert C.write_if_changed(str(out), p.stdout) is False

@@ -1,7 +1,7 @@
 """DASH as a Hugging Face transformers attention implementation (dash.integrations.transformers).
 
 CPU tests (everywhere transformers is installed): registration, model construction, the
-argument translation -- checked by replacing ``dash.interface.flash_attn_func`` with a
+argument translation -- checked by replacing ``dash.api.flash_attn_func`` with a
 differentiable reference that has FA3's semantics (bottom-right causal, GQA) and comparing a
 tiny Llama's forward/backward with ``attn_implementation="sdpa"`` -- and every error path.
 
@@ -40,8 +40,10 @@ from transformers import AutoModelForCausalLM, LlamaConfig  # noqa: E402
 
 import dash  # noqa: E402
 import dash.integrations.transformers as dt  # noqa: E402
-from dash import interface as dash_interface  # noqa: E402
+from dash import api as dash_api  # noqa: E402
 from dash import reference  # noqa: E402
+from dash.config import KERNEL_SCHEDULES  # noqa: E402
+from dash.validation import SCHEDULE_NAMES, validate_inputs  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(dash.__file__)))
 MASK_INTERFACE = dt._interfaces()[1]
@@ -49,7 +51,7 @@ needs_mask_interface = pytest.mark.skipif(MASK_INTERFACE is None, reason="transf
 
 
 # ---------------------------------------------------------------------------------------
-# A differentiable stand-in for dash.interface.flash_attn_func (CPU, any dtype)
+# A differentiable stand-in for dash.api.flash_attn_func (CPU, any dtype)
 # ---------------------------------------------------------------------------------------
 class ReferenceFlashAttn:
     """FA3 semantics in plain PyTorch: q (B, Sq, H, D), k/v (B, Sk, Hk, D), bottom-right
@@ -64,8 +66,8 @@ class ReferenceFlashAttn:
 
     def __call__(self, q, k, v, softmax_scale=None, causal=False, deterministic=None, schedule="auto", **kwargs):
         if self.validate:
-            dash_interface.validate_inputs(q, k, v, softmax_scale=softmax_scale, causal=causal, schedule=schedule,
-                                           deterministic=deterministic, check_device=False)
+            validate_inputs(q, k, v, softmax_scale=softmax_scale, causal=causal, schedule=schedule,
+                            deterministic=deterministic, check_device=False)
         self.calls.append(dict(q_shape=tuple(q.shape), k_shape=tuple(k.shape), v_shape=tuple(v.shape),
                                q_stride=tuple(q.stride()), q_is_view=q._base is not None, dtype=q.dtype,
                                softmax_scale=softmax_scale, causal=causal, deterministic=deterministic,
@@ -90,7 +92,7 @@ def reference_attention(q, k, v, softmax_scale=None, causal=False):
 @pytest.fixture
 def fake_dash(monkeypatch):
     fake = ReferenceFlashAttn()
-    monkeypatch.setattr(dash_interface, "flash_attn_func", fake)
+    monkeypatch.setattr(dash_api, "flash_attn_func", fake)
     return fake
 
 
@@ -205,8 +207,7 @@ def test_register_rejects_bad_settings():
         dt.register(deterministic="yes")
     with pytest.raises(ValueError, match="schedule='nope' is unknown"):
         dt.register(schedule="nope")
-    unimplemented = [s for s in dash_interface.SCHEDULE_NAMES
-                     if s != "auto" and s not in dash_interface.KERNEL_SCHEDULES]
+    unimplemented = [s for s in SCHEDULE_NAMES if s != "auto" and s not in KERNEL_SCHEDULES]
     if unimplemented:
         with pytest.raises(NotImplementedError, match=f"schedule='{unimplemented[0]}'"):
             dt.register(schedule=unimplemented[0])
@@ -580,7 +581,7 @@ def test_float32_without_autocast_error_comes_from_dash(fake_dash):
 
 
 def test_real_flash_attn_func_is_called_and_its_errors_propagate():
-    """No stand-in: the real dash.interface.flash_attn_func rejects CPU tensors; the error
+    """No stand-in: the real dash.api.flash_attn_func rejects CPU tensors; the error
     reaches the caller unchanged (nothing falls back to another implementation)."""
     config = tiny_llama_config()
     model = build(config, "dash", torch.bfloat16)
@@ -779,9 +780,9 @@ def _train(spec: dict, impl: str, device: str, keep_grads: bool = False) -> dict
 
 def _train_all(configs: dict, device: str, with_sdpa: bool) -> dict:
     """Per config: two DASH runs (deterministic=True, all other ops deterministic too) and,
-    optionally, one SDPA run. Counts the calls that reach dash.interface.flash_attn_func."""
+    optionally, one SDPA run. Counts the calls that reach dash.api.flash_attn_func."""
     dt.register("dash", deterministic=True)
-    real = dash_interface.flash_attn_func
+    real = dash_api.flash_attn_func
     calls = {"n": 0}
 
     def counting(*args, **kwargs):
@@ -789,7 +790,7 @@ def _train_all(configs: dict, device: str, with_sdpa: bool) -> dict:
         return real(*args, **kwargs)
 
     results = {}
-    dash_interface.flash_attn_func = counting
+    dash_api.flash_attn_func = counting
     try:
         for label, spec in configs.items():
             t0 = time.time()
@@ -811,7 +812,7 @@ def _train_all(configs: dict, device: str, with_sdpa: bool) -> dict:
             entry["seconds"] = time.time() - t0
             results[label] = entry
     finally:
-        dash_interface.flash_attn_func = real
+        dash_api.flash_attn_func = real
         torch.use_deterministic_algorithms(False)
         dt.register()
     return results
@@ -847,7 +848,7 @@ def test_training_harness_on_cpu(fake_dash):
     b = _train_all(small, "cpu", with_sdpa=False)
     assert not torch.are_deterministic_algorithms_enabled()
     assert dt.registered_names()["dash"] == dt.Settings("dash", None, "auto")
-    assert dash_interface.flash_attn_func is fake_dash
+    assert dash_api.flash_attn_func is fake_dash
     assert all(c["deterministic"] is True for c in fake_dash.calls)
     for label in small:
         check_bitwise_reproducible(a[label], b[label])

@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from dash import reference
-from dash.interface import KERNEL_SCHEDULES, PORTABLE_KERNEL_SCHEDULES, attention_backward
+from dash.api import attention_backward
+from dash.config import KERNEL_SCHEDULES, PORTABLE_KERNEL_SCHEDULES
 
 pytestmark = pytest.mark.gpu
 
@@ -174,7 +175,7 @@ def test_trace_order_equals_the_model(causal, det):
 
 _DEADLOCK_SCRIPT = textwrap.dedent("""
     import json, sys, torch
-    from dash.interface import attention_backward
+    from dash.api import attention_backward
     cases = json.loads(sys.argv[1])
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for sq, sk, b, h, hk, d, causal, sched, ctas in cases:

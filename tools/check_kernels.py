@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     nvcc, cutlass = find_nvcc(), find_cutlass()
-    dash_config.write_if_changed(str(ROOT / "csrc" / "generated" / "bwd_config.h"), dash_config.render_cpp_header())
+    dash_config.write_if_changed(str(ROOT / "csrc" / "generated" / "tile_config.h"), dash_config.render_cpp_header())
     tus = args.tus or sorted((ROOT / "csrc" / "instantiations").glob("*.cu"))
     cuobjdump = find_cuobjdump() if args.sass else None
     if args.sass and cuobjdump is None:

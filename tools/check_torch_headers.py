@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
             names = [n for n in z.namelist() if n.startswith("torch/include/") or n == "torch/utils/cpp_extension.py"]
             z.extractall(tmp, members=names)
         std = cxx_standard((tmp / "torch/utils/cpp_extension.py").read_text())
-        dash_config.write_if_changed(str(ROOT / "csrc/generated/bwd_config.h"), dash_config.render_cpp_header())
+        dash_config.write_if_changed(str(ROOT / "csrc/generated/tile_config.h"), dash_config.render_cpp_header())
         import sysconfig
 
         includes = [ROOT / "csrc", tmp / "torch/include", tmp / "torch/include/torch/csrc/api/include",

@@ -11,7 +11,7 @@ import argparse
 import torch
 
 from dash import reference
-from dash.interface import attention_backward
+from dash.api import attention_backward
 
 
 def main() -> None:

@@ -13,7 +13,7 @@ reduction modes and every kernel schedule (shift: full masks; its grid-planned w
 import torch
 
 from dash import reference
-from dash.interface import attention_backward
+from dash.api import attention_backward
 
 SHAPES = [  # (batch, seqlen_q, seqlen_k, heads, heads_k)
     (1, 200, 333, 2, 1),

@@ -7,7 +7,7 @@ import time
 import torch
 
 from dash import reference
-from dash.interface import attention_backward
+from dash.api import attention_backward
 
 
 def case(b, sq, sk, h, d, causal, det, dtype=torch.bfloat16, schedule="auto", hk=None):

@@ -28,9 +28,10 @@ inline void check_cuda(cudaError_t err, char const* what) {
 // of extent 1 is never multiplied by a non-zero index, so it is replaced by the contiguous
 // one (which is aligned) instead of being rejected.
 inline BSHDStrides checked_tma_strides(char const* name, void const* ptr, BSHDStrides s, int seqlen, int heads,
-                                       int batch, int head_dim, int elem_bytes) {
+                                       int batch, int head_dim, int elem_bytes,
+                                       char const* who = "DASH backward") {
   if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) {
-    throw std::invalid_argument(std::string("DASH backward: ") + name + " is not 16-byte aligned (TMA needs it)");
+    throw std::invalid_argument(std::string(who) + ": " + name + " is not 16-byte aligned (TMA needs it)");
   }
   BSHDStrides out = s;
   struct Dim { char const* what; int extent; int64_t* stride; int64_t contiguous; };
@@ -41,7 +42,7 @@ inline BSHDStrides checked_tma_strides(char const* name, void const* ptr, BSHDSt
     if (d.extent == 1) {
       *d.stride = d.contiguous;
     } else if ((*d.stride * elem_bytes) % 16 != 0) {
-      throw std::invalid_argument(std::string("DASH backward: ") + name + " has stride " + std::to_string(*d.stride) +
+      throw std::invalid_argument(std::string(who) + ": " + name + " has stride " + std::to_string(*d.stride) +
                                   " in its " + d.what + " dim, not a multiple of 16 bytes (TMA needs it)");
     }
   }

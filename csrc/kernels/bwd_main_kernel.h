@@ -21,51 +21,12 @@
 
 #include "kernels/acc_store.h"
 #include "kernels/bwd_traits.h"
+#include "kernels/mma_utils.h"
 #include "kernels/ptx.h"
 
 namespace dash {
 
 using namespace cute;
-
-namespace detail {
-
-// 2^x with the MUFU unit; ex2.approx(-inf) = +0, which is how masked scores vanish.
-__device__ __forceinline__ float exp2_approx(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
-// Issue the WGMMAs of one tiled GEMM over all K blocks as one commit group.
-// A_in_regs: the A operand is a register fragment (RS WGMMA), which must be fenced so
-// the compiler does not reuse those registers while the asynchronous WGMMA reads them.
-template <bool ZeroInit, bool A_in_regs, class TiledMma, class TA, class TB, class TC>
-__device__ __forceinline__ void wgmma_gemm(TiledMma& tiled_mma, TA const& tCrA, TB const& tCrB, TC& tCrC) {
-  if constexpr (A_in_regs) { warpgroup_fence_operand(const_cast<TA&>(tCrA)); }
-  warpgroup_fence_operand(tCrC);
-  warpgroup_arrive();
-  if constexpr (ZeroInit) { tiled_mma.accumulate_ = GMMA::ScaleOut::Zero; }
-  CUTLASS_PRAGMA_UNROLL
-  for (int k = 0; k < size<2>(tCrA); ++k) {
-    cute::gemm(tiled_mma, tCrA(_, _, k), tCrB(_, _, k), tCrC);
-    tiled_mma.accumulate_ = GMMA::ScaleOut::One;
-  }
-  warpgroup_commit_batch();
-  warpgroup_fence_operand(tCrC);
-  if constexpr (A_in_regs) { warpgroup_fence_operand(const_cast<TA&>(tCrA)); }
-}
-
-// Reinterpret a WGMMA accumulator layout ((2,2,V),M,N) as the register-A layout
-// ((2,2,2),M,(V/2,N)) of the next GEMM, whose K dim is this accumulator's N dim: a k16
-// block of A covers two consecutive 8-column groups of the accumulator.
-template <class AccLayout>
-__device__ __forceinline__ auto acc_layout_as_A_regs(AccLayout acc) {
-  auto v = flatten(logical_divide(get<0, 2>(acc), Shape<_2>{}));  // (2, V/2)
-  return make_layout(make_layout(get<0, 0>(acc), get<0, 1>(acc), get<0>(v)), get<1>(acc),
-                     make_layout(get<1>(v), get<2>(acc)));
-}
-
-}  // namespace detail
 
 template <class Traits, class Schedule>
 struct BwdMainKernel {
@@ -79,14 +40,7 @@ struct BwdMainKernel {
   static constexpr int NumMmaWarpGroups = Traits::NumMmaWarpGroups;
   static constexpr int kStages = Traits::kStagesQ;
 
-  // Pipeline position: stage index and the parity of its current use.
-  struct StageState {
-    int index = 0;
-    uint32_t phase = 0;
-    __device__ __forceinline__ void advance() {
-      if (++index == kStages) { index = 0; phase ^= 1; }
-    }
-  };
+  using StageState = PipelineState<kStages>;  // Q and dO stages advance together
 
   // Reader side of the producer's work ring: the k-th column of this CTA, or an invalid
   // item (>= num_columns) when the CTA is done.
@@ -445,16 +399,8 @@ struct BwdMainKernel {
           tdPrdP(i) = tSrS(i) * (tdPrdP(i) - sdPsum[get<1>(tScS(i))]);
         }
 
-        Tensor rP = make_tensor_like<Element>(tSrS);
-        Tensor rdS = make_tensor_like<Element>(tdPrdP);
-        {
-          constexpr int N = decltype(size(tSrS))::value;
-          cutlass::NumericArrayConverter<Element, float, N> convert;
-          *reinterpret_cast<cutlass::Array<Element, N>*>(rP.data()) =
-              convert(*reinterpret_cast<cutlass::Array<float, N> const*>(tSrS.data()));
-          *reinterpret_cast<cutlass::Array<Element, N>*>(rdS.data()) =
-              convert(*reinterpret_cast<cutlass::Array<float, N> const*>(tdPrdP.data()));
-        }
+        Tensor rP = detail::convert_fragment<Element>(tSrS);
+        Tensor rdS = detail::convert_fragment<Element>(tdPrdP);
 
         // dS -> smem (A operand of the dQ GEMM, which needs rows from both warpgroups).
         // Writing buffer ds_stage is safe without a barrier: it was last read by the dQ

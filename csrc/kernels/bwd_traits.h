@@ -8,7 +8,7 @@
 #include <cute/atom/copy_traits_sm90_tma.hpp>
 #include <cutlass/numeric_types.h>
 
-#include "generated/bwd_config.h"
+#include "generated/tile_config.h"
 #include "kernels/bwd_params.h"
 #include "schedule/schedule.h"
 

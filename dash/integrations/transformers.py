@@ -17,7 +17,7 @@ Two things are registered under the name, both through transformers' public regi
   turns transformers' ``(batch, heads, seqlen, head_dim)`` tensors into DASH's
   ``(batch, seqlen, heads, head_dim)`` views, maps ``scaling`` to ``softmax_scale`` and
   ``is_causal`` / ``module.is_causal`` to ``causal`` and calls
-  :func:`dash.interface.flash_attn_func`; GQA/MQA key/value heads go in unrepeated.
+  :func:`dash.api.flash_attn_func`; GQA/MQA key/value heads go in unrepeated.
 * a mask function (``transformers.AttentionMaskInterface``, transformers >= 4.53). Without
   one, transformers builds no mask for a custom implementation and drops padding masks
   silently. This one never builds a mask: it returns ``None`` for the plain causal (or
@@ -28,7 +28,7 @@ Every feature DASH lacks raises ``NotImplementedError`` naming the feature and t
 dropout > 0, padding masks, packed sequences / varlen (``cu_seq_lens_*``, or ``position_ids``
 that restart), sliding windows, softcapping, attention sinks, attention biases,
 ``output_attentions``. Head dims other than 64/128 and dtypes other than bf16/fp16 are
-rejected by :func:`~dash.interface.flash_attn_func` itself. Nothing ever falls back to another
+rejected by :func:`~dash.api.flash_attn_func` itself. Nothing ever falls back to another
 implementation. Under ``torch.autocast`` float32 query/key/value are cast to the autocast
 dtype, as transformers' SDPA and flash-attention paths do.
 
@@ -54,7 +54,9 @@ from typing import Any, Callable, Optional
 import torch
 from torch import Tensor
 
-from dash import interface as _dash_interface
+from dash import api as _dash_api
+from dash.config import KERNEL_SCHEDULES
+from dash.validation import SCHEDULE_NAMES
 
 try:
     import transformers as _transformers
@@ -597,7 +599,7 @@ def attention_forward(
         q, k, v = (t.to(target) if t.dtype == torch.float32 else t for t in (q, k, v))
     check_pointer = not _compiling()
     q, k, v = (t.contiguous() if _needs_copy(t, check_pointer) else t for t in (q, k, v))
-    out = _dash_interface.flash_attn_func(
+    out = _dash_api.flash_attn_func(
         q, k, v, softmax_scale=scaling, causal=causal, deterministic=settings.deterministic,
         schedule=settings.schedule,
     )
@@ -624,12 +626,12 @@ def register(name: str = "dash", deterministic: Optional[bool] = None, schedule:
     _check_name(name)
     if deterministic is not None and not isinstance(deterministic, bool):
         raise TypeError(f"deterministic must be None or a bool, got {deterministic!r}")
-    if schedule not in _dash_interface.SCHEDULE_NAMES:
-        raise ValueError(f"schedule={schedule!r} is unknown; choose one of {', '.join(_dash_interface.SCHEDULE_NAMES)}")
-    if schedule != "auto" and schedule not in _dash_interface.KERNEL_SCHEDULES:
+    if schedule not in SCHEDULE_NAMES:
+        raise ValueError(f"schedule={schedule!r} is unknown; choose one of {', '.join(SCHEDULE_NAMES)}")
+    if schedule != "auto" and schedule not in KERNEL_SCHEDULES:
         raise NotImplementedError(
             f"schedule={schedule!r} is modelled (python -m dash simulate) but not implemented by the kernel yet; "
-            f"implemented: {', '.join(_dash_interface.KERNEL_SCHEDULES)}"
+            f"implemented: {', '.join(KERNEL_SCHEDULES)}"
         )
     settings = Settings(name, deterministic, schedule)
     previous = _registered.get(name)

@@ -1,0 +1,115 @@
+// Host launch of one forward: checks, TMA descriptors, the tile order, and the persistent
+// main kernel on the caller's stream. Instantiated once per (head dim, element type)
+// translation unit. Every check runs before the launch and throws std::invalid_argument
+// naming what was asked and what is supported (the build defines NDEBUG: no asserts).
+#pragma once
+
+#include <climits>
+#include <stdexcept>
+#include <string>
+
+#include <cuda_runtime.h>
+
+#include "kernels/bwd_launch.h"  // checked_tma_strides, ensure_max_dynamic_smem, check_cuda
+#include "kernels/fwd_main_kernel.h"
+
+namespace dash {
+
+// Heads per L2 section (FwdTileOrder): the largest power of two whose K and V (shared by
+// GQA siblings) take at most a quarter of a 50 MB L2, so that the sections the grid is
+// working on at once stay resident alongside the Q tiles and outputs streaming past.
+inline int fwd_section_heads(int seqlen_k, int head_dim, int elem_bytes, int heads_per_kv_head, int num_bh) {
+  constexpr int64_t kL2Budget = 12 << 20;
+  int64_t const kv_bytes_per_q_head =
+      (2 * int64_t(seqlen_k) * head_dim * elem_bytes + heads_per_kv_head - 1) / heads_per_kv_head;
+  int w = 1;
+  while (2 * w <= num_bh && 2 * w * kv_bytes_per_q_head <= kL2Budget) { w *= 2; }
+  return w;
+}
+
+template <int kHeadDim, bool Is_causal, class Element>
+void run_fwd_impl(FwdParams const& p, cudaStream_t stream) {
+  using Traits = FwdTraits<kHeadDim, Is_causal, Element>;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kBlockN = Traits::kBlockN;
+
+  if (p.batch < 1 || p.seqlen_q < 1 || p.seqlen_k < 1 || p.num_heads < 1) {
+    throw std::invalid_argument("DASH forward: empty problem (batch=" + std::to_string(p.batch) + ", seqlen_q=" +
+                                std::to_string(p.seqlen_q) + ", seqlen_k=" + std::to_string(p.seqlen_k) +
+                                ", heads=" + std::to_string(p.num_heads) + ")");
+  }
+  if (p.num_heads_k < 1 || p.num_heads % p.num_heads_k != 0) {
+    throw std::invalid_argument("DASH forward: heads=" + std::to_string(p.num_heads) +
+                                " is not a multiple of heads_k=" + std::to_string(p.num_heads_k));
+  }
+  if (p.num_ctas_max < 1) {
+    throw std::invalid_argument("DASH forward: no SM left for the persistent grid (num_ctas_max=" +
+                                std::to_string(p.num_ctas_max) + "); lower sm_margin");
+  }
+  if (p.out == nullptr || p.lse == nullptr || p.tile_counter == nullptr) {
+    throw std::invalid_argument("DASH forward: out, lse and tile_counter are required");
+  }
+  int const num_m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
+  int64_t const num_bh = int64_t(p.batch) * p.num_heads;
+  int64_t const num_tiles = num_bh * num_m_blocks;
+  if (num_tiles > INT_MAX / 2) {
+    throw std::invalid_argument("DASH forward: " + std::to_string(num_tiles) +
+                                " Q tiles (batch x heads x ceil(seqlen_q / " + std::to_string(kBlockM) +
+                                ")) exceed the supported " + std::to_string(INT_MAX / 2));
+  }
+  int const eb = int(sizeof(Element));
+  auto checked = [&](char const* name, void const* ptr, BSHDStrides strides, int seqlen, int heads) {
+    return checked_tma_strides(name, ptr, strides, seqlen, heads, p.batch, kHeadDim, eb, "DASH forward");
+  };
+  BSHDStrides const q_st = checked("q", p.q, p.q_strides, p.seqlen_q, p.num_heads);
+  BSHDStrides const k_st = checked("k", p.k, p.k_strides, p.seqlen_k, p.num_heads_k);
+  BSHDStrides const v_st = checked("v", p.v, p.v_strides, p.seqlen_k, p.num_heads_k);
+  checked("out", p.out, p.out_strides, p.seqlen_q, p.num_heads);  // the epilogue stores 16-byte row segments
+
+  auto make_gmem = [](void const* ptr, int seqlen, int heads, int batch, BSHDStrides s) {
+    return make_tensor(make_gmem_ptr(static_cast<Element const*>(ptr)), make_shape(seqlen, kHeadDim, heads, batch),
+                       make_stride(s.row, _1{}, s.head, s.batch));
+  };
+  typename Traits::MainParams mp;
+  mp.tma_q = make_tma_copy(SM90_TMA_LOAD{}, make_gmem(p.q, p.seqlen_q, p.num_heads, p.batch, q_st),
+                           typename Traits::SmemLayoutQ{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{});
+  mp.tma_k = make_tma_copy(SM90_TMA_LOAD{}, make_gmem(p.k, p.seqlen_k, p.num_heads_k, p.batch, k_st),
+                           take<0, 2>(typename Traits::SmemLayoutK{}), Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{});
+  mp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, make_gmem(p.v, p.seqlen_k, p.num_heads_k, p.batch, v_st),
+                           take<0, 2>(typename Traits::SmemLayoutV{}), Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{});
+  mp.shape_q = typename Traits::ShapeBSHD{p.seqlen_q, kHeadDim, p.num_heads, p.batch};
+  mp.shape_k = typename Traits::ShapeBSHD{p.seqlen_k, kHeadDim, p.num_heads_k, p.batch};
+  mp.out = static_cast<Element*>(p.out);
+  mp.out_strides = p.out_strides;
+  mp.lse = p.lse;
+  mp.softmax_scale_log2 = float(double(p.softmax_scale) * M_LOG2E);
+  mp.seqlen_q = p.seqlen_q;
+  mp.seqlen_k = p.seqlen_k;
+  mp.num_heads = p.num_heads;
+  mp.heads_per_kv_head = p.num_heads / p.num_heads_k;
+  mp.num_n_blocks = (p.seqlen_k + kBlockN - 1) / kBlockN;
+  mp.order.num_m_blocks = num_m_blocks;
+  mp.order.num_bh = int(num_bh);
+  mp.order.section_heads = fwd_section_heads(p.seqlen_k, kHeadDim, eb, mp.heads_per_kv_head, int(num_bh));
+  mp.order.num_tiles = int(num_tiles);
+  mp.tile_counter = p.tile_counter;
+
+  auto kernel = fwd_main_kernel<Traits>;
+  constexpr int smem_bytes = Traits::kSmemBytes;
+  ensure_max_dynamic_smem(kernel, smem_bytes);
+  int const num_ctas = num_tiles < p.num_ctas_max ? int(num_tiles) : p.num_ctas_max;
+  check_cuda(cudaMemsetAsync(p.tile_counter, 0, sizeof(int), stream), "cudaMemsetAsync(tile_counter)");
+  kernel<<<num_ctas, Traits::NumThreads, smem_bytes, stream>>>(mp);
+  check_cuda(cudaGetLastError(), "launch of fwd_main_kernel");
+}
+
+template <int kHeadDim, class Element>
+void run_fwd_hdim(FwdParams const& p, cudaStream_t stream) {
+  if (p.causal) {
+    run_fwd_impl<kHeadDim, true, Element>(p, stream);
+  } else {
+    run_fwd_impl<kHeadDim, false, Element>(p, stream);
+  }
+}
+
+}  // namespace dash

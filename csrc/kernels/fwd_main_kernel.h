@@ -1,0 +1,378 @@
+// The Hopper attention-forward kernel: persistent, warp-specialised.
+//
+//   warpgroup 0, warp 0 : producer. Claims the CTA's next Q tile (FwdTileOrder) and hands
+//                         it to the MMA warpgroups through a two-slot ring in smem; TMA
+//                         loads of the Q tile and of K and V blocks into mbarrier pipelines.
+//   warpgroups 1..W     : MMA. Each owns 64 query rows of the Q tile and keeps their O
+//                         rows, running max and running sum in registers: S = Q K^T
+//                         (WGMMA from smem), online softmax in fp32, O += P V (P straight
+//                         from registers).
+//
+// Two overlaps keep the tensor cores busy while softmax runs on the FMA/MUFU units:
+//   * inside a warpgroup, S of block j+1 is issued together with O += P_j V_j, and the
+//     softmax of block j+1 runs while O += P_j V_j is still in flight;
+//   * across warpgroups (ping-pong), the warpgroups take turns issuing their GEMMs, so one
+//     warpgroup's softmax runs under the other's GEMMs instead of all of them competing
+//     for the tensor cores at the same moment.
+// KV blocks are visited from the last to the first: under a causal mask the partially
+// masked diagonal blocks come first, before the running max has settled.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/reg_reconfig.h>
+
+#include "kernels/acc_store.h"
+#include "kernels/fwd_traits.h"
+#include "kernels/mma_utils.h"
+#include "kernels/ptx.h"
+
+namespace dash {
+
+using namespace cute;
+
+template <class Traits>
+struct FwdMainKernel {
+  using Element = typename Traits::Element;
+  using Params = typename Traits::MainParams;
+  using SharedStorage = typename Traits::SharedStorage;
+  static constexpr int kBlockM = Traits::kBlockM;
+  static constexpr int kBlockN = Traits::kBlockN;
+  static constexpr int kHeadDim = Traits::kHeadDim;
+  static constexpr int NumMmaThreads = Traits::NumMmaThreads;
+  static constexpr int NumMmaWarpGroups = Traits::NumMmaWarpGroups;
+  static constexpr bool Is_causal = Traits::Is_causal;
+  using KVState = PipelineState<Traits::kStages>;
+
+  // KV blocks [0, n_end) of Q tile m hold at least one visible key. 0 when no query row of
+  // the tile sees a key (causal with seqlen_q > seqlen_k): the tile's O is 0, its LSE -inf.
+  static __device__ __forceinline__ int n_block_end(Params const& p, int m) {
+    if constexpr (Is_causal) {
+      int const last_visible_key = (m + 1) * kBlockM - 1 + p.seqlen_k - p.seqlen_q;  // of the tile's last row
+      int const n_end = last_visible_key < 0 ? 0 : last_visible_key / kBlockN + 1;
+      return n_end < p.num_n_blocks ? n_end : p.num_n_blocks;
+    } else {
+      return p.num_n_blocks;
+    }
+  }
+
+  // ---------------------------------------------------------------------------------------
+  // Producer: one elected lane of warp 0.
+  // ---------------------------------------------------------------------------------------
+  static __device__ void producer(Params const& p, SharedStorage& ss) {
+    Tensor sQ = make_tensor(make_smem_ptr(ss.smem_q), typename Traits::SmemLayoutQ{});
+    Tensor sK = make_tensor(make_smem_ptr(ss.smem_k), typename Traits::SmemLayoutK{});
+    Tensor sV = make_tensor(make_smem_ptr(ss.smem_v), typename Traits::SmemLayoutV{});
+    Tensor mQ = p.tma_q.get_tma_tensor(p.shape_q);
+    Tensor mK = p.tma_k.get_tma_tensor(p.shape_k);
+    Tensor mV = p.tma_v.get_tma_tensor(p.shape_k);
+    auto tma_q = p.tma_q.get_slice(_0{});
+    auto tma_k = p.tma_k.get_slice(_0{});
+    auto tma_v = p.tma_v.get_slice(_0{});
+    Tensor tQsQ = tma_q.partition_D(sQ);
+    Tensor tKsK = tma_k.partition_D(sK);  // (TMA, 1, 1, stage)
+    Tensor tVsV = tma_v.partition_D(sV);
+
+    KVState kv;
+    uint32_t q_phase = 0;
+    int t = blockIdx.x;
+    for (int k = 0;; ++k) {
+      // Publish the CTA's k-th item (the mbarrier arrive releases the st.shared).
+      int const slot = k & 1;
+      ptx::mbar_wait(&ss.bar_work_empty[slot], ((k >> 1) & 1) ^ 1);
+      ss.work_item[slot] = t;
+      ptx::mbar_arrive(&ss.bar_work_full[slot]);
+      if (t >= p.order.num_tiles) { break; }
+      auto const tile = p.order.tile(t);
+      // Claimed as soon as this tile's loads are issued (one tile ahead of the MMA).
+      int const next = int(gridDim.x) + atomicAdd(p.tile_counter, 1);
+      int const n_end = n_block_end(p, tile.m);
+      if (n_end == 0) {
+        t = next;
+        continue;
+      }
+      int const b = tile.bh / p.num_heads, h = tile.bh - b * p.num_heads;
+      int const h_kv = h / p.heads_per_kv_head;
+      Tensor gQ = local_tile(mQ(_, _, h, b), Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(tile.m, _0{}));
+      Tensor gK = local_tile(mK(_, _, h_kv, b), Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));
+      Tensor gV = local_tile(mV(_, _, h_kv, b), Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));
+      Tensor tQgQ = tma_q.partition_S(gQ);
+      Tensor tKgK = tma_k.partition_S(gK);  // (TMA, 1, 1, n)
+      Tensor tVgV = tma_v.partition_S(gV);
+
+      // The Q buffer is free once every MMA thread's last S GEMM of the previous tile is done.
+      ptx::mbar_wait(&ss.bar_q_empty, q_phase ^ 1);
+      ptx::mbar_arrive_expect_tx(&ss.bar_q_full, Traits::kBytesQ);
+      copy(p.tma_q.with(ss.bar_q_full, 0), tQgQ, tQsQ);
+      q_phase ^= 1;
+      for (int n = n_end - 1; n >= 0; --n) {
+        // K_n is needed first (S), V_n one step later (O += P V).
+        ptx::mbar_wait(&ss.bar_k_empty[kv.index], kv.phase ^ 1);
+        ptx::mbar_arrive_expect_tx(&ss.bar_k_full[kv.index], Traits::kBytesKV);
+        copy(p.tma_k.with(ss.bar_k_full[kv.index], 0, TMA::CacheHintSm90::EVICT_LAST), tKgK(_, _, _, n),
+             tKsK(_, _, _, kv.index));
+        ptx::mbar_wait(&ss.bar_v_empty[kv.index], kv.phase ^ 1);
+        ptx::mbar_arrive_expect_tx(&ss.bar_v_full[kv.index], Traits::kBytesKV);
+        copy(p.tma_v.with(ss.bar_v_full[kv.index], 0, TMA::CacheHintSm90::EVICT_LAST), tVgV(_, _, _, n),
+             tVsV(_, _, _, kv.index));
+        kv.advance();
+      }
+      t = next;
+    }
+  }
+
+  // Reader side of the producer's work ring: the CTA's k-th work item (>= num_tiles: done).
+  static __device__ __forceinline__ int next_work_item(SharedStorage& ss, int k) {
+    int const slot = k & 1;
+    ptx::mbar_wait(&ss.bar_work_full[slot], (k >> 1) & 1);
+    int const item = ss.work_item[slot];
+    ptx::mbar_arrive(&ss.bar_work_empty[slot]);
+    return item;
+  }
+
+  // ---------------------------------------------------------------------------------------
+  // Ping-pong turns: warpgroup w waits for its turn before issuing GEMMs and then hands the
+  // turn to warpgroup w + 1 (round robin). Barrier kTurn0 + w counts warpgroup w's 128
+  // waiting threads plus the 128 arrivals of the warpgroup before it; the last warpgroup
+  // arrives once up front so that warpgroup 0 goes first. All warpgroups issue the same
+  // number of GEMM groups (same tiles, same blocks), so the arrivals always balance.
+  // ---------------------------------------------------------------------------------------
+  static __device__ __forceinline__ void wait_turn(int wg) {
+    if constexpr (Traits::kPingPong) { ptx::named_sync(uint32_t(FwdBarrier::kTurn0) + wg, 256); }
+  }
+  static __device__ __forceinline__ void pass_turn(int wg) {
+    if constexpr (Traits::kPingPong) {
+      int const next = wg + 1 == NumMmaWarpGroups ? 0 : wg + 1;
+      ptx::named_arrive(uint32_t(FwdBarrier::kTurn0) + next, 256);
+    }
+  }
+
+  // Value i of a thread's 64xN accumulator fragment lies in row half (i / 2) % 2: the
+  // thread holds rows r and r + 8 of its warpgroup's 64, and the other three lanes of its
+  // quad hold the rest of those two rows.
+  static __device__ __forceinline__ int row_half(int i) { return (i >> 1) & 1; }
+
+  static __device__ __forceinline__ float quad_max(float x) {
+    x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, 1));
+    return fmaxf(x, __shfl_xor_sync(0xffffffff, x, 2));
+  }
+  static __device__ __forceinline__ float quad_sum(float x) {
+    x += __shfl_xor_sync(0xffffffff, x, 1);
+    return x + __shfl_xor_sync(0xffffffff, x, 2);
+  }
+
+  // Online softmax of one block, in place: S -> P = exp2(S * scale_log2 - max_scaled) with
+  // the row max updated to include this block; returns in `rescale` the factor by which
+  // the O rows and sums accumulated so far must be multiplied. A row whose keys so far are
+  // all masked has max -inf: it uses 0 as the subtracted max (P = exp2(-inf) = 0, no NaN).
+  template <bool First, class Frag>
+  static __device__ __forceinline__ void online_softmax(Frag& s, float (&row_max)[2], float (&max_scaled)[2],
+                                                        float (&row_sum)[2], float (&rescale)[2], float scale_log2) {
+    float block_max[2] = {-INFINITY, -INFINITY};
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size(s); ++i) { block_max[row_half(i)] = fmaxf(block_max[row_half(i)], s(i)); }
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < 2; ++r) {
+      float const new_max = First ? quad_max(block_max[r]) : fmaxf(row_max[r], quad_max(block_max[r]));
+      if constexpr (First) {
+        rescale[r] = 1.f;
+      } else {
+        rescale[r] = new_max == -INFINITY ? 1.f : detail::exp2_approx((row_max[r] - new_max) * scale_log2);
+      }
+      row_max[r] = new_max;
+      max_scaled[r] = new_max == -INFINITY ? 0.f : new_max * scale_log2;
+    }
+    float block_sum[2] = {0.f, 0.f};
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size(s); ++i) {
+      s(i) = detail::exp2_approx(fmaf(s(i), scale_log2, -max_scaled[row_half(i)]));
+      block_sum[row_half(i)] += s(i);
+    }
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < 2; ++r) {
+      // Each thread keeps a partial sum of its own columns; quads are summed once at the end.
+      row_sum[r] = First ? block_sum[r] : row_sum[r] * rescale[r] + block_sum[r];
+    }
+  }
+
+  // Masks S of block n of Q tile m: keys past seqlen_k, and (causal) keys after the query's
+  // diagonal (bottom-right aligned).
+  template <class Frag, class Coords>
+  static __device__ __forceinline__ void apply_mask(Params const& p, Frag& s, Coords const& tScS, int m, int n) {
+    int const key0 = n * kBlockN, query0 = m * kBlockM;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size(s); ++i) {
+      int const key = key0 + get<1>(tScS(i));
+      int const query = query0 + get<0>(tScS(i));
+      bool const masked = key >= p.seqlen_k || (Is_causal && key > query + p.seqlen_k - p.seqlen_q);
+      if (masked) { s(i) = -INFINITY; }
+    }
+  }
+
+  static __device__ __forceinline__ bool block_needs_mask(Params const& p, int m, int n) {
+    int const last_key = (n + 1) * kBlockN - 1;
+    bool const past_end = last_key >= p.seqlen_k;
+    bool const past_diagonal = Is_causal && last_key > m * kBlockM + p.seqlen_k - p.seqlen_q;
+    return past_end || past_diagonal;
+  }
+
+  // ---------------------------------------------------------------------------------------
+  // MMA warpgroups. mma_tidx in [0, NumMmaThreads).
+  // ---------------------------------------------------------------------------------------
+  static __device__ void mma(Params const& p, SharedStorage& ss, int mma_tidx) {
+    int const wg = mma_tidx / 128;
+    Tensor sQ = make_tensor(make_smem_ptr(ss.smem_q), typename Traits::SmemLayoutQ{});
+    Tensor sK = make_tensor(make_smem_ptr(ss.smem_k), typename Traits::SmemLayoutK{});
+    Tensor sVt = make_tensor(make_smem_ptr(ss.smem_v), typename Traits::SmemLayoutVt{});
+
+    typename Traits::TiledMmaQK tiled_mma_qk;
+    typename Traits::TiledMmaPV tiled_mma_pv;
+    auto wg_mma_qk = tiled_mma_qk.get_slice(wg * 128);
+    auto wg_mma_pv = tiled_mma_pv.get_slice(wg * 128);
+    auto thr_mma_qk = tiled_mma_qk.get_thread_slice(mma_tidx);
+    auto thr_mma_pv = tiled_mma_pv.get_thread_slice(mma_tidx);
+    Tensor tSrQ = wg_mma_qk.partition_fragment_A(sQ);
+    Tensor tSrK = wg_mma_qk.partition_fragment_B(sK);    // (.., stage)
+    Tensor tOrVt = wg_mma_pv.partition_fragment_B(sVt);  // (.., stage)
+    // (row, key) within the tile of this thread's S values; (row, dim) of its O values.
+    Tensor tScS = thr_mma_qk.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
+    Tensor tOcO = thr_mma_pv.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+
+    float const scale_log2 = p.softmax_scale_log2;
+    if (Traits::kPingPong && wg == NumMmaWarpGroups - 1) {
+      ptx::named_arrive(uint32_t(FwdBarrier::kTurn0), 256);  // warpgroup 0 issues first
+    }
+
+    KVState kv;
+    uint32_t q_phase = 0;
+    for (int k = 0;; ++k) {
+      int const t = next_work_item(ss, k);
+      if (t >= p.order.num_tiles) { break; }
+      auto const tile = p.order.tile(t);
+      int const m = tile.m;
+      int const n_end = n_block_end(p, m);
+
+      Tensor tOrO = partition_fragment_C(tiled_mma_pv, Shape<Int<kBlockM>, Int<kHeadDim>>{});
+      clear(tOrO);
+      float row_max[2] = {-INFINITY, -INFINITY}, max_scaled[2] = {0.f, 0.f}, row_sum[2] = {0.f, 0.f};
+      float rescale[2];
+
+      if (n_end > 0) {
+        ptx::mbar_wait(&ss.bar_q_full, q_phase);
+        q_phase ^= 1;
+
+        // ---- the first block (n_end - 1): S, softmax; its P V is issued with the next S.
+        Tensor tSrS = partition_fragment_C(tiled_mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});
+        ptx::mbar_wait(&ss.bar_k_full[kv.index], kv.phase);
+        wait_turn(wg);
+        detail::wgmma_gemm<true, false>(tiled_mma_qk, tSrQ, tSrK(_, _, _, kv.index), tSrS);
+        pass_turn(wg);
+        warpgroup_wait<0>();
+        ptx::mbar_arrive(&ss.bar_k_empty[kv.index]);
+        if (n_end == 1) { ptx::mbar_arrive(&ss.bar_q_empty); }  // last read of this tile's Q
+        if (block_needs_mask(p, m, n_end - 1)) { apply_mask(p, tSrS, tScS, m, n_end - 1); }
+        online_softmax<true>(tSrS, row_max, max_scaled, row_sum, rescale, scale_log2);
+        Tensor tOrP = detail::convert_fragment<Element>(tSrS);
+        Tensor tOrP_A = make_tensor(tOrP.data(), detail::acc_layout_as_A_regs(tSrS.layout()));
+        KVState kv_prev = kv;  // the stage of the block whose P V is pending
+        kv.advance();
+
+        // ---- middle blocks: issue S_n and O += P_{n+1} V_{n+1}; softmax of S_n under the latter.
+        for (int n = n_end - 2; n >= 0; --n) {
+          Tensor tSrS = partition_fragment_C(tiled_mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});
+          ptx::mbar_wait(&ss.bar_k_full[kv.index], kv.phase);
+          ptx::mbar_wait(&ss.bar_v_full[kv_prev.index], kv_prev.phase);
+          wait_turn(wg);
+          detail::wgmma_gemm<true, false>(tiled_mma_qk, tSrQ, tSrK(_, _, _, kv.index), tSrS);
+          detail::wgmma_gemm<false, true>(tiled_mma_pv, tOrP_A, tOrVt(_, _, _, kv_prev.index), tOrO);
+          pass_turn(wg);
+          warpgroup_wait<1>();  // S_n done
+          ptx::mbar_arrive(&ss.bar_k_empty[kv.index]);
+          if (n == 0) { ptx::mbar_arrive(&ss.bar_q_empty); }
+          if (block_needs_mask(p, m, n)) { apply_mask(p, tSrS, tScS, m, n); }
+          online_softmax<false>(tSrS, row_max, max_scaled, row_sum, rescale, scale_log2);
+          warpgroup_wait<0>();  // O += P V done: P's registers and V_{n+1} are free
+          ptx::mbar_arrive(&ss.bar_v_empty[kv_prev.index]);
+          CUTLASS_PRAGMA_UNROLL
+          for (int i = 0; i < size(tOrO); ++i) { tOrO(i) *= rescale[row_half(i)]; }
+          Tensor tOrP_next = detail::convert_fragment<Element>(tSrS);
+          CUTLASS_PRAGMA_UNROLL
+          for (int i = 0; i < size(tOrP); ++i) { tOrP(i) = tOrP_next(i); }
+          kv_prev = kv;
+          kv.advance();
+        }
+
+        // ---- the last block's P V.
+        ptx::mbar_wait(&ss.bar_v_full[kv_prev.index], kv_prev.phase);
+        wait_turn(wg);
+        detail::wgmma_gemm<false, true>(tiled_mma_pv, tOrP_A, tOrVt(_, _, _, kv_prev.index), tOrO);
+        pass_turn(wg);
+        warpgroup_wait<0>();
+        ptx::mbar_arrive(&ss.bar_v_empty[kv_prev.index]);
+      }
+
+      // ---- epilogue: O / rowsum as Element rows, LSE = ln(sum_j exp(scale * s_ij)).
+      float inv_sum[2], lse[2];
+      CUTLASS_PRAGMA_UNROLL
+      for (int r = 0; r < 2; ++r) {
+        float const sum = quad_sum(row_sum[r]);
+        bool const empty = sum == 0.f;  // the row saw no key (only possible under a causal mask)
+        inv_sum[r] = empty ? 0.f : 1.f / sum;
+        lse[r] = empty ? -INFINITY : (max_scaled[r] + __log2f(sum)) * 0.693147180559945309f;  // ln 2
+      }
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < size(tOrO); ++i) { tOrO(i) *= inv_sum[row_half(i)]; }
+      int const b = tile.bh / p.num_heads, h = tile.bh - b * p.num_heads;
+      Element* out = p.out + int64_t(b) * p.out_strides.batch + int64_t(h) * p.out_strides.head;
+      int const row0 = m * kBlockM;
+      store_acc_rows_16B(tOrO, tOcO, 1.0f, out, p.out_strides.row, row0, p.seqlen_q);
+      if (threadIdx.x % 4 == 0) {
+        float* lse_bh = p.lse + int64_t(tile.bh) * p.seqlen_q;
+        CUTLASS_PRAGMA_UNROLL
+        for (int r = 0; r < 2; ++r) {
+          int const row = row0 + get<0>(tOcO(2 * r));  // values 0 and 2: row halves 0 and 1
+          if (row < p.seqlen_q) { lse_bh[row] = lse[r]; }
+        }
+      }
+    }
+  }
+};
+
+template <class Traits>
+__global__ void __launch_bounds__(Traits::NumThreads, 1)
+    fwd_main_kernel(CUTE_GRID_CONSTANT typename Traits::MainParams const params) {
+  using Kernel = FwdMainKernel<Traits>;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  auto& ss = *reinterpret_cast<typename Traits::SharedStorage*>(smem_raw);
+
+  int const warp_idx = threadIdx.x / 32;
+  if (warp_idx == 0 && cute::elect_one_sync()) {
+    cute::prefetch_tma_descriptor(params.tma_q.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(params.tma_k.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(params.tma_v.get_tma_descriptor());
+    // Full barriers: one producer arrival (+ TMA bytes). Empty barriers: every MMA thread.
+    ptx::mbar_init(&ss.bar_q_full, 1);
+    ptx::mbar_init(&ss.bar_q_empty, Traits::NumMmaThreads);
+    for (int s = 0; s < Traits::kStages; ++s) {
+      ptx::mbar_init(&ss.bar_k_full[s], 1);
+      ptx::mbar_init(&ss.bar_k_empty[s], Traits::NumMmaThreads);
+      ptx::mbar_init(&ss.bar_v_full[s], 1);
+      ptx::mbar_init(&ss.bar_v_empty[s], Traits::NumMmaThreads);
+    }
+    for (int s = 0; s < 2; ++s) {
+      ptx::mbar_init(&ss.bar_work_full[s], 1);
+      ptx::mbar_init(&ss.bar_work_empty[s], Traits::NumMmaThreads);
+    }
+    ptx::fence_mbar_init();
+  }
+  __syncthreads();
+
+  if (warp_idx < 4) {
+    cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
+    if (warp_idx == 0 && cute::elect_one_sync()) { Kernel::producer(params, ss); }
+  } else {
+    cutlass::arch::warpgroup_reg_alloc<Traits::kMmaRegisters>();
+    Kernel::mma(params, ss, threadIdx.x - 128);
+  }
+}
+
+}  // namespace dash

@@ -1,0 +1,143 @@
+// Compile-time description of the Hopper forward for one (head dim, mask, element type):
+// tile sizes (from the generated config table), WGMMA tilings, shared-memory layouts, the
+// shared-storage struct and the kernel parameters. Types and constants only.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+#include <cute/atom/copy_traits_sm90_tma.hpp>
+#include <cutlass/numeric_types.h>
+
+#include "generated/tile_config.h"
+#include "kernels/fwd_params.h"
+
+namespace dash {
+
+using namespace cute;
+
+// The order in which the persistent CTAs claim Q tiles (CTA c starts with item c, then
+// claims the next unclaimed item from a global counter). Work item t is the Q tile
+// (bh, m): bh = batch * heads + head. Items are grouped in sections of `section_heads`
+// consecutive (b, h) pairs whose K and V fit in L2 together, so that the CTAs running at
+// one time share K/V reads instead of each streaming its own from HBM. Inside a section
+// Q tiles go by descending m (under a causal mask the longest tiles first, so that the
+// short ones fill the tail) with the heads innermost (GQA siblings share K/V). Claiming
+// instead of a static stride matters under a causal mask: with a stride of gridDim.x, a CTA
+// keeps landing on tiles of similar length (all long or all short) and the grid waits for
+// the unlucky ones (hdim 128 causal 16k ran at 0.71x cuDNN that way).
+struct FwdTileOrder {
+  int num_m_blocks = 0;
+  int num_bh = 0;
+  int section_heads = 1;
+  int num_tiles = 0;
+
+  struct Tile {
+    int bh, m;
+  };
+
+  __host__ __device__ __forceinline__ Tile tile(int t) const {
+    int const per_section = section_heads * num_m_blocks;
+    int const s = t / per_section;
+    int const r = t - s * per_section;
+    int const first_bh = s * section_heads;
+    int const heads_here = num_bh - first_bh < section_heads ? num_bh - first_bh : section_heads;
+    int const m_rank = r / heads_here;
+    return {first_bh + (r - m_rank * heads_here), num_m_blocks - 1 - m_rank};
+  }
+};
+
+template <int kHeadDim_, bool Is_causal_, class Element_>
+struct FwdTraits {
+  using Config = FwdTileConfig<kHeadDim_, Is_causal_>;
+  using Element = Element_;
+  using ElementAccum = float;
+
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr bool Is_causal = Is_causal_;
+  static constexpr int kBlockM = Config::kBlockM;
+  static constexpr int kBlockN = Config::kBlockN;
+  static constexpr int NumMmaWarpGroups = Config::NumMmaWarpGroups;
+  static constexpr int NumMmaThreads = NumMmaWarpGroups * 128;
+  static constexpr int NumThreads = NumMmaThreads + 128;  // + one producer warpgroup
+  static constexpr int kStages = Config::kStagesKV;
+  static constexpr bool kPingPong = Config::kPingPong && NumMmaWarpGroups > 1;
+  static constexpr int kProducerRegisters = 24;
+  static constexpr int kMmaRegisters = Config::kMmaRegisters;
+  static_assert(kBlockM == 64 * NumMmaWarpGroups, "each MMA warpgroup owns 64 rows of the Q tile");
+  static_assert(128 * (kProducerRegisters + NumMmaWarpGroups * kMmaRegisters) <= 65536,
+                "setmaxnreg budget exceeds the register file");
+
+  // ---- WGMMA tilings -------------------------------------------------------------------
+  // S = Q K^T: Q and K from smem. O += P V: P from registers (the S accumulator converted
+  // in place, no smem round trip), V^T as an MN-major view of the K-major V tile.
+  using AtomLayoutRows = Layout<Shape<Int<NumMmaWarpGroups>, _1, _1>>;
+  using TiledMmaQK = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, ElementAccum, Shape<_64, Int<kBlockN>, Int<kHeadDim>>,
+                           GMMA::Major::K, GMMA::Major::K>(),
+      AtomLayoutRows{}));
+  using TiledMmaPV = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<Element, Element, ElementAccum, Shape<_64, Int<kHeadDim>, Int<kBlockN>>,
+                           GMMA::Major::K, GMMA::Major::MN>(),
+      AtomLayoutRows{}));
+
+  // ---- Shared-memory layouts -----------------------------------------------------------
+  using SmemAtom = GMMA::Layout_K_SW128_Atom<Element>;
+  using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+  using SmemLayoutK = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
+  using SmemLayoutV = SmemLayoutK;
+  using SmemLayoutVt = decltype(composition(
+      SmemLayoutV{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{},
+                                 Stride<Int<kBlockN>, _1, Int<kBlockN * kHeadDim>>{})));
+
+  // ---- TMA -------------------------------------------------------------------------------
+  using ShapeBSHD = Shape<int32_t, int32_t, int32_t, int32_t>;  // (seqlen, d, head, batch)
+  using StrideBSHD = Stride<int64_t, _1, int64_t, int64_t>;
+  using GmemTensor = decltype(make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeBSHD{},
+                                          StrideBSHD{}));
+  using TMA_Q = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutQ{},
+                                       Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
+  using TMA_KV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, take<0, 2>(SmemLayoutK{}),
+                                        Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
+  static constexpr uint32_t kBytesQ = kBlockM * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kBytesKV = kBlockN * kHeadDim * sizeof(Element);
+
+  // ---- Shared storage --------------------------------------------------------------------
+  // 1024-byte alignment: the 128B swizzle is a function of absolute smem address bits.
+  struct SharedStorage {
+    alignas(1024) Element smem_q[cosize_v<SmemLayoutQ>];
+    alignas(1024) Element smem_k[cosize_v<SmemLayoutK>];
+    alignas(1024) Element smem_v[cosize_v<SmemLayoutV>];
+    alignas(8) uint64_t bar_q_full;
+    uint64_t bar_q_empty;
+    uint64_t bar_k_full[kStages];
+    uint64_t bar_k_empty[kStages];
+    uint64_t bar_v_full[kStages];
+    uint64_t bar_v_empty[kStages];
+    uint64_t bar_work_full[2];  // producer -> MMA warpgroups: the CTA's next work item
+    uint64_t bar_work_empty[2];
+    int work_item[2];
+  };
+  static constexpr int kSmemBytes = int(sizeof(SharedStorage));
+  static_assert(kSmemBytes <= 227 * 1024, "shared storage exceeds the sm_90 per-block limit");
+
+  struct MainParams {
+    TMA_Q tma_q;
+    TMA_KV tma_k, tma_v;
+    ShapeBSHD shape_q, shape_k;
+    Element* out;
+    BSHDStrides out_strides;
+    float* lse;  // (b, h, seqlen_q) contiguous
+    float softmax_scale_log2;
+    int seqlen_q, seqlen_k;
+    int num_heads, heads_per_kv_head;
+    int num_n_blocks;
+    FwdTileOrder order;
+    int* tile_counter;  // work items claimed beyond the first gridDim.x; zero at launch
+  };
+};
+
+// Named barriers of the forward (id 0 is __syncthreads): kTurn0 + w is MMA warpgroup w's
+// turn to issue its GEMMs (ping-pong).
+enum class FwdBarrier : uint32_t { kTurn0 = 1 };
+
+}  // namespace dash

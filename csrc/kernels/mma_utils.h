@@ -1,0 +1,79 @@
+// Building blocks the forward and backward mainloops share: WGMMA issue of one tiled GEMM,
+// the accumulator -> register-A reinterpretation, the MUFU exp2, and the position of a
+// pipeline (stage index + the parity of its current use).
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+#include <cutlass/numeric_conversion.h>
+
+namespace dash {
+
+using namespace cute;
+
+// Position in a kStages-deep mbarrier pipeline: which stage, and the parity of its current
+// use (flips each time the stage index wraps). Producer and consumers each keep one and
+// advance it once per stage they fill / drain, so both sides agree on (index, phase).
+template <int kStages>
+struct PipelineState {
+  int index = 0;
+  uint32_t phase = 0;
+  __device__ __forceinline__ void advance() {
+    if (++index == kStages) {
+      index = 0;
+      phase ^= 1;
+    }
+  }
+};
+
+namespace detail {
+
+// 2^x with the MUFU unit; ex2.approx(-inf) = +0, which is how masked scores vanish.
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Issue the WGMMAs of one tiled GEMM over all K blocks as one commit group.
+// A_in_regs: the A operand is a register fragment (RS WGMMA), which must be fenced so
+// the compiler does not reuse those registers while the asynchronous WGMMA reads them.
+template <bool ZeroInit, bool A_in_regs, class TiledMma, class TA, class TB, class TC>
+__device__ __forceinline__ void wgmma_gemm(TiledMma& tiled_mma, TA const& tCrA, TB const& tCrB, TC& tCrC) {
+  if constexpr (A_in_regs) { warpgroup_fence_operand(const_cast<TA&>(tCrA)); }
+  warpgroup_fence_operand(tCrC);
+  warpgroup_arrive();
+  if constexpr (ZeroInit) { tiled_mma.accumulate_ = GMMA::ScaleOut::Zero; }
+  CUTLASS_PRAGMA_UNROLL
+  for (int k = 0; k < size<2>(tCrA); ++k) {
+    cute::gemm(tiled_mma, tCrA(_, _, k), tCrB(_, _, k), tCrC);
+    tiled_mma.accumulate_ = GMMA::ScaleOut::One;
+  }
+  warpgroup_commit_batch();
+  warpgroup_fence_operand(tCrC);
+  if constexpr (A_in_regs) { warpgroup_fence_operand(const_cast<TA&>(tCrA)); }
+}
+
+// Reinterpret a WGMMA accumulator layout ((2,2,V),M,N) as the register-A layout
+// ((2,2,2),M,(V/2,N)) of the next GEMM, whose K dim is this accumulator's N dim: a k16
+// block of A covers two consecutive 8-column groups of the accumulator.
+template <class AccLayout>
+__device__ __forceinline__ auto acc_layout_as_A_regs(AccLayout acc) {
+  auto v = flatten(logical_divide(get<0, 2>(acc), Shape<_2>{}));  // (2, V/2)
+  return make_layout(make_layout(get<0, 0>(acc), get<0, 1>(acc), get<0>(v)), get<1>(acc),
+                     make_layout(get<1>(v), get<2>(acc)));
+}
+
+// Converts a float fragment to Element with one vectorised converter call.
+template <class Element, class Frag>
+__device__ __forceinline__ auto convert_fragment(Frag const& in) {
+  auto out = make_tensor_like<Element>(in);
+  constexpr int N = decltype(size(in))::value;
+  cutlass::NumericArrayConverter<Element, float, N> convert;
+  *reinterpret_cast<cutlass::Array<Element, N>*>(out.data()) =
+      convert(*reinterpret_cast<cutlass::Array<float, N> const*>(in.data()));
+  return out;
+}
+
+}  // namespace detail
+}  // namespace dash

@@ -1,0 +1,144 @@
+"""DASH's public attention functions, with FA3's interface.
+
+``flash_attn_func`` takes FA3's arguments with FA3's meaning (names, order, return
+convention of ``hopper/flash_attn_interface.py``) plus DASH's own ``schedule`` at the end.
+Every argument is validated (``dash.validation``) before anything is launched; unsupported
+features are accepted by name and rejected with a "not supported yet" error. The work is
+done by the ops of ``dash.ops``.
+
+FA3's low-level entry points (``_flash_attn_forward`` / ``_flash_attn_backward``), for
+frameworks such as TransformerEngine, are in ``dash.flash_attn_interface``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from dash import _ext
+from dash.ops import resolve_deterministic, run_backward, run_forward
+from dash.validation import (
+    check_tensor,
+    describe_tensor,
+    effective_causal,
+    reject_unsupported_fa3_arguments,
+    validate_backward_inputs,
+    validate_for_launch,
+)
+
+__all__ = ["attention_backward", "flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_varlen_func"]
+
+
+def attention_backward(
+    dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softmax_lse: Tensor, *,
+    softmax_scale: Optional[float] = None, causal: bool = False, deterministic: bool = False,
+    schedule: str = "auto", sm_margin: int = 0,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Run DASH's backward directly on a forward's (out, softmax_lse), whichever forward
+    produced them (same LSE convention). Returns (dq, dk, dv) shaped like q, k, v."""
+    validate_backward_inputs(dout, q, k, v, out, softmax_lse, softmax_scale=softmax_scale, causal=causal,
+                             sm_margin=sm_margin, schedule=schedule, deterministic=deterministic)
+    _ext.require_kernels()
+    scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
+    return run_backward(dout, q, k, v, out, softmax_lse, scale, causal, deterministic, schedule, sm_margin)
+
+
+def flash_attn_func(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    qv: Optional[Tensor] = None,
+    q_descale: Optional[Tensor] = None,
+    k_descale: Optional[Tensor] = None,
+    v_descale: Optional[Tensor] = None,
+    window_size: Sequence[int] = (-1, -1),
+    attention_chunk: int = 0,
+    softcap: float = 0.0,
+    num_splits: int = 1,
+    pack_gqa: Optional[bool] = None,
+    deterministic: Optional[bool] = None,
+    sm_margin: int = 0,
+    return_attn_probs: bool = False,
+    schedule: str = "auto",
+):
+    """Attention with FA3's interface; the backward is DASH's.
+
+    q: (batch, seqlen_q, heads, head_dim); k, v: (batch, seqlen_k, heads_kv, head_dim),
+    heads % heads_kv == 0 (GQA/MQA). bf16 or fp16, on a compute capability 9.0 GPU.
+    causal=True aligns the mask to the bottom-right corner (FA3's convention).
+
+    deterministic: None follows ``torch.are_deterministic_algorithms_enabled()``; True makes
+        the backward bitwise reproducible; False while that global flag is on raises
+        PyTorch's non-determinism alert.
+    schedule: the deterministic reduction schedule, "auto" or a name (see
+        ``python -m dash simulate --schedule all``).
+    sm_margin: SMs to leave free for other work (the persistent grid uses the rest).
+    num_splits (0 or 1) and pack_gqa are FA3 performance options with nothing to choose in
+    DASH; they are accepted and ignored.
+
+    Returns out (batch, seqlen_q, heads, head_dim), or (out, softmax_lse) with
+    return_attn_probs=True; softmax_lse is float32 (batch, heads, seqlen_q). As in FA3,
+    softmax_lse is for inspection: no gradient flows back through it (a gradient arriving
+    at it is ignored, so a loss that uses it gets incomplete gradients for q and k; see
+    ``dash.ops._fwd_backward``).
+    """
+    reject_unsupported_fa3_arguments(qv=qv, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
+                                     attention_chunk=attention_chunk, num_splits=num_splits)
+    validate_for_launch(q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
+                        sm_margin=sm_margin, schedule=schedule, deterministic=deterministic)
+    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    det = resolve_deterministic(deterministic, needs_grad)
+    scale = float(softmax_scale) if softmax_scale is not None else q.shape[-1] ** -0.5
+    causal = effective_causal(window_size, causal, q.shape[1], k.shape[1])
+    out, lse = run_forward(q, k, v, scale, causal, det, schedule, int(sm_margin))
+    return (out, lse) if return_attn_probs else out
+
+
+def flash_attn_qkvpacked_func(
+    qkv: Tensor,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    q_descale: Optional[Tensor] = None,
+    k_descale: Optional[Tensor] = None,
+    v_descale: Optional[Tensor] = None,
+    window_size: Sequence[int] = (-1, -1),
+    attention_chunk: int = 0,
+    softcap: float = 0.0,
+    deterministic: Optional[bool] = None,
+    num_heads_q: Optional[int] = None,
+    sm_margin: int = 0,
+    return_attn_probs: bool = False,
+    schedule: str = "auto",
+):
+    """FA3's packed variant (same arguments and order as FA3's, ``schedule`` last).
+
+    qkv: (batch, seqlen, 3, heads, head_dim), or (batch, seqlen, heads_q + 2*heads_kv, head_dim)
+    with ``num_heads_q`` given (GQA packing: q heads first, then k, then v)."""
+    check_tensor("qkv", qkv)
+    if qkv.dim() == 5 and qkv.shape[2] == 3 and num_heads_q is None:
+        q, k, v = qkv.unbind(dim=2)
+    elif qkv.dim() == 4 and num_heads_q is not None:
+        heads_kv2 = qkv.shape[2] - num_heads_q
+        if num_heads_q <= 0 or heads_kv2 <= 0 or heads_kv2 % 2:
+            raise ValueError(f"qkv has {qkv.shape[2]} heads, which cannot be num_heads_q={num_heads_q} query heads "
+                             "plus equal numbers of key and value heads")
+        q, k, v = qkv.split([num_heads_q, heads_kv2 // 2, heads_kv2 // 2], dim=2)
+    else:
+        raise ValueError(
+            f"qkv must be (batch, seqlen, 3, heads, head_dim), or (batch, seqlen, heads_q + 2*heads_kv, head_dim) "
+            f"with num_heads_q; got {describe_tensor(qkv)} and num_heads_q={num_heads_q}"
+        )
+    return flash_attn_func(q, k, v, softmax_scale, causal, None, q_descale, k_descale, v_descale, window_size,
+                           attention_chunk, softcap, 1, None, deterministic, sm_margin, return_attn_probs, schedule)
+
+
+def flash_attn_varlen_func(*args, **kwargs):
+    """FA3's variable-length API: not supported yet."""
+    raise NotImplementedError(
+        "flash_attn_varlen_func (variable-length sequences) is not supported yet; pad to a batch and use "
+        "flash_attn_func"
+    )

@@ -1,0 +1,171 @@
+"""DASH's torch ops and the decisions made for them at call time.
+
+Ops (registered with ``torch.library`` so ``torch.compile`` traces them):
+
+* ``dash::fwd``  -- DASH's Hopper forward (C++/CUDA, registered by ``dash._C``). Returns
+  (out, lse) in FA3's layout and LSE convention (natural log of sum_j exp(scale * s_ij);
+  -inf for rows that see no key). This module gives it a fake and its autograd, which runs
+  ``dash::bwd``; ``deterministic``, ``schedule`` and ``sm_margin`` travel with the op for
+  the backward.
+* ``dash::bwd``  -- DASH's Hopper backward (C++/CUDA, registered by ``dash._C``),
+  deterministic or not; ``dash::bwd_trace`` is the same with the kernel's step trace. This
+  module gives both their fake (meta) implementations.
+
+Call-time decisions: which kernel schedule ``"auto"`` means for a shape
+(``resolve_schedule``), how many CTAs the persistent grid has (``grid_ctas``), and what
+``deterministic=None`` means (``resolve_deterministic``).
+
+Nothing here validates user input: callers run ``dash.validation`` first.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from dash import _ext
+
+
+# ---------------------------------------------------------------------------------------
+# Call-time decisions
+# ---------------------------------------------------------------------------------------
+def resolve_schedule(schedule: str, q: Tensor, k: Tensor, causal: bool, deterministic: bool, sm_margin: int) -> str:
+    """Map ``schedule`` to a kernel schedule: a name as given, or for ``auto`` the portable
+    schedule the calibrated scheduling model ranks fastest for this shape and grid
+    (``dash.schedules.auto.choose_kernel_schedule``; cached per shape). ``auto`` never picks a
+    schedule whose bits depend on the GPU's SM count."""
+    if schedule != "auto":
+        return schedule
+    batch, seqlen_q, heads, head_dim = (int(x) for x in q.shape)
+    seqlen_k, heads_kv = int(k.shape[1]), int(k.shape[2])
+    device = q.device.index if q.device.type == "cuda" else -1
+    return _auto_schedule(batch, heads, heads_kv, seqlen_q, seqlen_k, head_dim, bool(causal), device,
+                          int(sm_margin), bool(deterministic))
+
+
+@torch._dynamo.assume_constant_result
+def _auto_schedule(batch: int, heads: int, heads_kv: int, seqlen_q: int, seqlen_k: int, head_dim: int,
+                   causal: bool, device: int, sm_margin: int, deterministic: bool) -> str:
+    """``auto``'s choice for a shape. A pure function of its arguments (the model is cached
+    per shape), so torch.compile runs it once while tracing and keeps the name as a constant
+    instead of tracing the NumPy model."""
+    from dash.schedules.auto import choose_kernel_schedule
+
+    return choose_kernel_schedule(batch, heads, heads_kv, seqlen_q, seqlen_k, head_dim, causal,
+                                  grid_ctas(device, sm_margin), deterministic)
+
+
+def grid_ctas(device: int | torch.device | None, sm_margin: int) -> int:
+    """CTAs of the persistent grid: the device's SMs minus ``sm_margin`` (132, an H100/H200,
+    where no CUDA device is there to ask)."""
+    try:
+        if isinstance(device, int) and device < 0:
+            raise RuntimeError("not a CUDA device")
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+    except Exception:
+        sms = 132
+    return max(1, sms - int(sm_margin))
+
+
+def resolve_deterministic(deterministic: Optional[bool], needs_grad: bool) -> bool:
+    """``deterministic=None`` follows ``torch.are_deterministic_algorithms_enabled()``. An
+    explicit False while that flag is on raises PyTorch's non-determinism alert, but only
+    when a backward will run (``needs_grad``): a forward alone is deterministic anyway."""
+    globally = torch.are_deterministic_algorithms_enabled()
+    if deterministic is None:
+        return globally
+    if not deterministic and globally and needs_grad:
+        from torch._prims_common import alert_not_deterministic
+
+        alert_not_deterministic("dash.flash_attn_func backward with deterministic=False")
+    return deterministic
+
+
+# ---------------------------------------------------------------------------------------
+# Forward and backward (C++, registered by dash._C): fakes for torch.compile, autograd
+# ---------------------------------------------------------------------------------------
+def forward_impl(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool) -> tuple[Tensor, Tensor]:
+    """DASH's forward kernel without autograd bookkeeping (benchmarks and tools call it).
+
+    q (B, Sq, H, D), k and v (B, Sk, Hk, D) validated by ``dash.validation``, ``causal``
+    bottom-right aligned; returns out (B, Sq, H, D) contiguous in q's dtype and lse (B, H, Sq)
+    float32, -inf (and out 0) for rows that see no key."""
+    with torch.no_grad():
+        return torch.ops.dash.fwd(q, k, v, float(softmax_scale), bool(causal), False, "fa3", 0)
+
+
+def _fwd_fake(q, k, v, softmax_scale, causal, deterministic, schedule, sm_margin):
+    batch, seqlen_q, heads, _ = q.shape
+    return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty(
+        (batch, heads, seqlen_q), dtype=torch.float32
+    )
+
+
+def _fwd_setup_context(ctx, inputs, output) -> None:
+    q, k, v, softmax_scale, causal, deterministic, schedule, sm_margin = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.softmax_scale = softmax_scale
+    ctx.causal = causal
+    ctx.deterministic = deterministic
+    ctx.schedule = schedule
+    ctx.sm_margin = sm_margin
+
+
+def _fwd_backward(ctx, dout: Tensor, dlse: Optional[Tensor]):
+    """Autograd of ``dash::fwd``: dq, dk, dv from ``dout`` by ``dash::bwd``.
+
+    The LSE output gets no gradient, as in FA3: ``dlse`` (the gradient arriving at the
+    returned softmax_lse, None or zeros when nothing used it) is ignored. A loss that
+    depends on the LSE (for example a z-loss on it, or attention merged across chunks by
+    their LSEs) therefore gets wrong gradients for q and k -- silently: telling a zero
+    ``dlse`` from a non-zero one would need a device sync on every backward, so DASH does
+    not check. Such a loss needs the LSE's gradient term, which neither FA3 nor DASH computes.
+    """
+    q, k, v, out, lse = ctx.saved_tensors
+    dq, dk, dv = torch.ops.dash.bwd(
+        dout.contiguous(), q, k, v, out, lse, ctx.softmax_scale, ctx.causal, ctx.deterministic, ctx.schedule,
+        ctx.sm_margin,
+    )
+    return dq, dk, dv, None, None, None, None, None
+
+
+if _ext.kernels_available():  # the C++ schemas exist only when dash._C loaded
+    torch.library.register_fake("dash::fwd")(_fwd_fake)
+    torch.library.register_autograd("dash::fwd", _fwd_backward, setup_context=_fwd_setup_context)
+
+    @torch.library.register_fake("dash::bwd")
+    def _bwd_fake(dout, q, k, v, out, softmax_lse, softmax_scale, causal, deterministic, schedule, sm_margin):
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+    @torch.library.register_fake("dash::bwd_trace")
+    def _bwd_trace_fake(dout, q, k, v, out, softmax_lse, softmax_scale, causal, deterministic, schedule, sm_margin):
+        from dash.schedules import Problem, tile_problem
+
+        p = Problem(q.shape[0], q.shape[2], q.shape[1], k.shape[1], head_dim=q.shape[3], heads_kv=k.shape[2],
+                    causal=causal)
+        steps = tile_problem(p).total_steps  # over all batches and heads
+        return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
+                q.new_empty((steps, 8), dtype=torch.int64))
+
+
+# ---------------------------------------------------------------------------------------
+# Launching the ops on validated inputs
+# ---------------------------------------------------------------------------------------
+def run_forward(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, deterministic: bool,
+                schedule: str, sm_margin: int) -> tuple[Tensor, Tensor]:
+    """``dash::fwd`` (with autograd) on validated inputs; ``schedule`` may be "auto", which
+    is resolved here because the backward it is saved for needs a kernel schedule."""
+    kernel_schedule = resolve_schedule(schedule, q, k, causal, deterministic, sm_margin)
+    return torch.ops.dash.fwd(q, k, v, float(softmax_scale), causal, deterministic, kernel_schedule, int(sm_margin))
+
+
+def run_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softmax_lse: Tensor,
+                 softmax_scale: float, causal: bool, deterministic: bool, schedule: str,
+                 sm_margin: int) -> tuple[Tensor, Tensor, Tensor]:
+    """``dash::bwd`` on validated inputs; returns new (dq, dk, dv) tensors."""
+    kernel_schedule = resolve_schedule(schedule, q, k, causal, deterministic, sm_margin)
+    return torch.ops.dash.bwd(dout.contiguous(), q, k, v, out.contiguous(), softmax_lse.contiguous(),
+                              float(softmax_scale), causal, deterministic, kernel_schedule, int(sm_margin))

@@ -1,4 +1,4 @@
-"""``python -m dash``: info, bench, simulate, plot and trace.
+"""``python -m dash``: info, bench, simulate, plot, trace and profile.
 
 Bad input gets one line on stderr that names the argument, the value and what is supported
 (exit code 2, as argparse uses for usage errors), never a traceback. Sizes, paths and optional
@@ -64,6 +64,31 @@ def head_dim(text: str) -> int:
     except NotImplementedError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
     return value
+
+
+def attention_dtype(text: str) -> str:
+    """An argparse ``type=`` for the element type of q, k, v: ``bf16`` or ``fp16`` (torch's
+    names ``bfloat16`` and ``float16`` are accepted and mapped to them)."""
+    value = {"bfloat16": "bf16", "float16": "fp16"}.get(text, text)
+    if value not in ("bf16", "fp16"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not supported; choose bf16 or fp16")
+    return value
+
+
+def kernel_schedule(text: str) -> str:
+    """An argparse ``type=`` for a schedule the backward kernel runs: ``auto`` or one of
+    ``dash.config.KERNEL_SCHEDULES`` (schedules the model alone has are refused with that said)."""
+    from dash.config import KERNEL_SCHEDULES
+
+    if text == "auto" or text in KERNEL_SCHEDULES:
+        return text
+    implemented = f"choose auto, {', '.join(KERNEL_SCHEDULES)}"
+    from dash.schedules.orders import SCHEDULE_NAMES
+
+    if text in SCHEDULE_NAMES:
+        raise argparse.ArgumentTypeError(f"{text!r} is modelled (python -m dash simulate) but not implemented by "
+                                         f"the kernel yet; {implemented}")
+    raise argparse.ArgumentTypeError(f"{text!r} is not a kernel schedule; {implemented}")
 
 
 def input_file(text: str) -> str:
@@ -183,6 +208,12 @@ def _cmd_trace(args: argparse.Namespace) -> int:
     return trace.run(args)
 
 
+def _cmd_profile(args: argparse.Namespace) -> int:
+    from dash import profile
+
+    return profile.run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineErrorParser(prog="python -m dash", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -217,6 +248,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     trace.add_arguments(p_trace)
     p_trace.set_defaults(func=_cmd_trace)
+
+    p_profile = sub.add_parser("profile", help="forward + backward iterations marked for nsys / ncu (profiler "
+                                               "start/stop, NVTX ranges), and the command lines to profile them "
+                                               "(needs an sm_90 GPU)")
+    from dash import profile
+
+    profile.add_arguments(p_profile)
+    p_profile.set_defaults(func=_cmd_profile)
     return parser
 
 

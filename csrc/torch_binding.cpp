@@ -21,12 +21,23 @@ namespace {
 
 using at::Tensor;
 
-// An NVTX range per backward call, named by variant, so nsys timelines show which DASH
-// variant each group of kernels belongs to (a no-op unless a profiler is attached).
+// An NVTX range per op call on the calling thread, named by kernel, problem and schedule,
+// so that nsys timelines and `nsys stats --report nvtx_sum` tell DASH's calls apart (two
+// layers of different shapes get different names). nvtxRangePushA is a no-op unless a
+// profiler is attached; the name costs a few string appends.
 struct NvtxRange {
   explicit NvtxRange(std::string const& name) { nvtxRangePushA(name.c_str()); }
   ~NvtxRange() { nvtxRangePop(); }
 };
+
+// "hd128 bf16 causal b4 h16/4 sq4096 sk4096" (the KV heads only under GQA).
+std::string problem_label(Tensor const& q, Tensor const& k, bool causal) {
+  std::string s = "hd" + std::to_string(q.size(3)) + (q.scalar_type() == at::kHalf ? " fp16" : " bf16") +
+                  (causal ? " causal" : " full") + " b" + std::to_string(q.size(0)) + " h" +
+                  std::to_string(q.size(2));
+  if (k.size(2) != q.size(2)) { s += "/" + std::to_string(k.size(2)); }
+  return s + " sq" + std::to_string(q.size(1)) + " sk" + std::to_string(k.size(1));
+}
 
 dash::BSHDStrides bshd_strides(Tensor const& t) {
   return {t.stride(0), t.stride(1), t.stride(2)};
@@ -60,6 +71,12 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> run_backward(Tensor const& dout, Tens
                                                         double softmax_scale, bool causal, bool deterministic,
                                                         c10::string_view schedule, int64_t sm_margin, bool trace) {
   dash::BwdScheduleKind const kind = parse_schedule(schedule);
+  for (auto const* t : {&dout, &q, &k, &v, &out}) {
+    TORCH_CHECK(t->dim() == 4, "dash.bwd: q, k, v, out, dout must have 4 dims (batch, seqlen, heads, head_dim)");
+  }
+  // Opened before the GQA accumulators are zero-filled, so those fills count as the op's.
+  NvtxRange range("dash.bwd " + problem_label(q, k, causal) + (deterministic ? " det " : " nondet ") +
+                  std::string(schedule) + (trace ? " trace" : ""));
   for (auto const* t : {&dout, &q, &k, &v, &out}) {
     TORCH_CHECK(t->is_cuda(), "dash.bwd: all tensors must be on a CUDA device");
     TORCH_CHECK(t->scalar_type() == q.scalar_type(), "dash.bwd: q, k, v, out, dout must share one dtype");
@@ -185,9 +202,6 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> run_backward(Tensor const& dout, Tens
       if (t->defined()) { C10_CUDA_CHECK(cudaMemsetAsync(t->data_ptr(), 0xFF, t->nbytes(), at::cuda::getCurrentCUDAStream())); }
     }
   }
-  NvtxRange range("dash.bwd hdim" + std::to_string(head_dim) + (causal ? " causal" : " full") +
-                   (deterministic ? " deterministic " + std::string(schedule) : " nondeterministic") +
-                   (gqa ? " gqa" : "") + (trace ? " trace" : ""));
   try {
     dash::run_bwd(p, at::cuda::getCurrentCUDAStream());
   } catch (std::exception const& e) {
@@ -224,6 +238,10 @@ std::tuple<Tensor, Tensor> fwd_cuda(Tensor const& q, Tensor const& k, Tensor con
                                     bool causal, bool deterministic, c10::string_view schedule, int64_t sm_margin) {
   (void)deterministic;
   (void)schedule;
+  for (auto const* t : {&q, &k, &v}) {
+    TORCH_CHECK(t->dim() == 4, "dash.fwd: q, k, v must have 4 dims (batch, seqlen, heads, head_dim)");
+  }
+  NvtxRange range("dash.fwd " + problem_label(q, k, causal));
   for (auto const* t : {&q, &k, &v}) {
     TORCH_CHECK(t->is_cuda(), "dash.fwd: q, k, v must be on a CUDA device");
     TORCH_CHECK(t->scalar_type() == q.scalar_type(), "dash.fwd: q, k, v must share one dtype");
@@ -287,8 +305,6 @@ std::tuple<Tensor, Tensor> fwd_cuda(Tensor const& q, Tensor const& k, Tensor con
       C10_CUDA_CHECK(cudaMemsetAsync(t->data_ptr(), 0xFF, t->nbytes(), at::cuda::getCurrentCUDAStream()));
     }
   }
-  NvtxRange range("dash.fwd hdim" + std::to_string(head_dim) + (causal ? " causal" : " full") +
-                  (heads != heads_k ? " gqa" : ""));
   try {
     dash::run_fwd(p, at::cuda::getCurrentCUDAStream());
   } catch (std::exception const& e) {

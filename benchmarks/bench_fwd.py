@@ -49,6 +49,11 @@ def _libraries() -> dict[str, Callable]:
             return out.transpose(1, 2)
         return fwd
 
+    def dash_op(q, k, v, causal, det):
+        with torch.no_grad():  # the kernel and the C++ op's host work only
+            return torch.ops.dash.fwd(q, k, v, q.shape[-1] ** -0.5, causal, False, "fa3", 0)[0]
+
+    libs["dash_op"] = dash_op
     libs["torch_cudnn"] = sdpa(SDPBackend.CUDNN_ATTENTION)
     libs["torch_flash"] = sdpa(SDPBackend.FLASH_ATTENTION)
     try:
@@ -74,8 +79,10 @@ def _libraries() -> dict[str, Callable]:
 
 def modes_for(libs: dict[str, Callable]) -> dict[str, tuple[str, str, bool]]:
     """mode -> (library, pass, deterministic)."""
-    modes = {}
+    modes = {"dash_fwd_op": ("dash_op", "fwd", False)}  # diagnosis: the C++ op alone, no Python API or autograd
     for lib in libs:
+        if lib == "dash_op":
+            continue
         modes[f"{lib}_fwd"] = (lib, "fwd", False)
         if lib in ("dash", "fa3", "fa4"):
             modes[f"{lib}_det_fwdbwd"] = (lib, "fwdbwd", True)
@@ -173,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
 
     summary = {
         "dash fwd / torch cuDNN fwd": ratios("dash_fwd", ("torch_cudnn_fwd",)),
+        "dash fwd op alone (diagnosis) / torch cuDNN fwd": ratios("dash_fwd_op", ("torch_cudnn_fwd",)),
         "dash fwd / faster of FA3, FA4 fwd (rows >= 2k)": ratios("dash_fwd", ("fa3_fwd", "fa4_fwd"), 2048),
         "dash fwd / FA3 fwd": ratios("dash_fwd", ("fa3_fwd",)),
         "dash det fwd+bwd / torch cuDNN fwd+bwd": ratios("dash_det_fwdbwd", ("torch_cudnn_fwdbwd",)),

@@ -63,7 +63,10 @@ def grid_ctas(device: int | torch.device | None, sm_margin: int) -> int:
     try:
         if isinstance(device, int) and device < 0:
             raise RuntimeError("not a CUDA device")
-        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        from dash.validation import cuda_device_info
+
+        index = device.index if isinstance(device, torch.device) else device
+        sms = cuda_device_info(index)[1]
     except Exception:
         sms = 132
     return max(1, sms - int(sm_margin))

@@ -13,6 +13,8 @@ rather than reporting a head dim that would also be wrong there.
 
 from __future__ import annotations
 
+import functools
+
 import math
 import numbers
 from typing import Optional, Sequence
@@ -84,6 +86,18 @@ def check_bool(name: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be a bool, got {value!r}")
     return value
+
+
+@functools.lru_cache(maxsize=None)
+def cuda_device_info(index: Optional[int]) -> tuple[tuple[int, int], int]:
+    """(compute capability, SM count) of CUDA device ``index`` (None: the current one), asked
+    once per device: a device's properties do not change, and asking costs microseconds of
+    host time on every attention call otherwise."""
+    if index is None:
+        index = torch.cuda.current_device()
+        return cuda_device_info(index)
+    props = torch.cuda.get_device_properties(index)
+    return (props.major, props.minor), props.multi_processor_count
 
 
 def check_cuda_devices(q: Tensor, k: Tensor, v: Tensor) -> None:
@@ -226,7 +240,7 @@ def validate_inputs(
         check_bshd(name, t)
     if check_device:
         check_cuda_devices(q, k, v)
-        cc = torch.cuda.get_device_capability(q.device)
+        cc, _ = cuda_device_info(q.device.index)
         if cc != (9, 0):
             raise ValueError(
                 f"q is on {torch.cuda.get_device_name(q.device)} with compute capability {cc[0]}.{cc[1]}; "
@@ -292,7 +306,7 @@ def validate_inputs(
     check_softcap(softcap)
     if not isinstance(sm_margin, numbers.Integral) or isinstance(sm_margin, bool) or sm_margin < 0:
         raise ValueError(f"sm_margin={sm_margin!r} must be an int >= 0")
-    sms = torch.cuda.get_device_properties(q.device).multi_processor_count if check_device else None
+    sms = cuda_device_info(q.device.index)[1] if check_device else None
     if sms is not None and sm_margin >= sms:
         raise ValueError(f"sm_margin={sm_margin} leaves no SM free on this GPU ({sms} SMs)")
     if deterministic is not None and not isinstance(deterministic, bool):

@@ -783,3 +783,26 @@ def test_compiled_call_on_cpu_tensors_gets_dashs_device_error():
         torch.compile(step, fullgraph=True, backend="eager")(q, k, v)
     msg = str(e.value)
     assert "q is on device cpu" in msg and ".cuda()" in msg and "Could not run" not in msg
+
+
+def test_cuda_device_info_asks_the_driver_once_per_device(monkeypatch):
+    """Capability and SM count are read once per device (host time per attention call)."""
+    import types
+
+    from dash import validation
+
+    calls = []
+
+    def fake_props(index):
+        calls.append(index)
+        return types.SimpleNamespace(major=9, minor=0, multi_processor_count=132 - index)
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", fake_props)
+    validation.cuda_device_info.cache_clear()
+    try:
+        assert validation.cuda_device_info(0) == ((9, 0), 132)
+        assert validation.cuda_device_info(1) == ((9, 0), 131)
+        assert validation.cuda_device_info(0) == ((9, 0), 132)
+        assert calls == [0, 1]
+    finally:
+        validation.cuda_device_info.cache_clear()

@@ -193,6 +193,8 @@ def effective_causal(window_size: Sequence[int], causal: bool, seqlen_q: int, se
     """Whether ``window_size`` (flash_attn_func's (left, right) pair, -1 unbounded) with
     ``causal`` is the causal mask (True) or no mask (False); raises NotImplementedError for
     a real sliding window (not supported yet)."""
+    if window_size == (-1, -1) and isinstance(causal, bool):  # the default: no window to interpret
+        return causal
     if window_size is None or len(tuple(window_size)) != 2 or not all(_is_int(w) for w in window_size):
         raise TypeError(f"window_size must be a pair of ints (left, right), -1 meaning unbounded; got {window_size!r}")
     left, right = (int(w) for w in window_size)

@@ -100,6 +100,22 @@ def cuda_device_info(index: Optional[int]) -> tuple[tuple[int, int], int]:
     return (props.major, props.minor), props.multi_processor_count
 
 
+@functools.lru_cache(maxsize=None)
+def _check_built(head_dim: int, dtype: torch.dtype) -> None:
+    """Raise when this install's kernels were built without ``head_dim`` or ``dtype`` (the
+    manifest does not change while the process runs: answered once per pair)."""
+    info = _ext.manifest()
+    if info.get("kernels_built") and head_dim not in info.get("head_dims", []):
+        built = ", ".join(map(str, info.get("head_dims", []))) or "none"
+        raise NotImplementedError(
+            f"head_dim={head_dim} is not built in this install; built: {built} (rebuild with DASH_HDIMS)"
+        )
+    if info.get("kernels_built") and str(dtype).replace("torch.", "") not in info.get("dtypes", []):
+        built = ", ".join(info.get("dtypes", [])) or "none"
+        raise NotImplementedError(
+            f"dtype {dtype} is not built in this install; built: {built} (rebuild with DASH_DTYPES)")
+
+
 def check_cuda_devices(q: Tensor, k: Tensor, v: Tensor) -> None:
     """q, k, v on one CUDA device. Works on torch.compile's fake tensors too (they keep their
     device), so a compiled call on CPU tensors gets DASH's error, not the dispatcher's."""
@@ -254,7 +270,7 @@ def validate_inputs(
         if t.dtype != q.dtype:
             raise ValueError(f"{name} has dtype {t.dtype} but q has {q.dtype}; q, k, v must share one dtype")
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if any(s == 0 for s in t.shape):
+        if t.numel() == 0:
             raise ValueError(f"{name} is empty ({describe_tensor(t)}); batch, seqlen, heads and head_dim must be >= 1")
         if t.stride(-1) != 1:
             raise ValueError(
@@ -282,16 +298,7 @@ def validate_inputs(
     if head_dim not in SUPPORTED_HEAD_DIMS:
         supported = ", ".join(map(str, SUPPORTED_HEAD_DIMS))
         raise NotImplementedError(f"head_dim={head_dim} is not supported yet; supported head dims: {supported}")
-    info = _ext.manifest()
-    if info.get("kernels_built") and head_dim not in info.get("head_dims", []):
-        built = ", ".join(map(str, info.get("head_dims", []))) or "none"
-        raise NotImplementedError(
-            f"head_dim={head_dim} is not built in this install; built: {built} (rebuild with DASH_HDIMS)"
-        )
-    if info.get("kernels_built") and str(q.dtype).replace("torch.", "") not in info.get("dtypes", []):
-        built = ", ".join(info.get("dtypes", [])) or "none"
-        raise NotImplementedError(
-            f"dtype {q.dtype} is not built in this install; built: {built} (rebuild with DASH_DTYPES)")
+    _check_built(head_dim, q.dtype)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if check_device and not is_tma_aligned(t):
             raise ValueError(

@@ -42,7 +42,7 @@ from dash._build import first_compiler_error, resolve_cuda_home, toolkit_headers
 from dash._sources import sources_digest  # noqa: E402  (pure Python)
 
 MANIFEST_NAME = "_build_manifest.json"
-GENERATED_HEADER = ROOT / "csrc" / "generated" / "tile_config.h"
+GENERATED_DIR = ROOT / "csrc" / "generated"
 DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16"}
 # nvcc peaks at about 2 GB per CuTe translation unit.
 GB_PER_COMPILE_JOB = 2.5
@@ -225,11 +225,12 @@ def _extension_kwargs() -> dict:
     os.environ["TORCH_CUDA_ARCH_LIST"] = "9.0a"
     os.environ["MAX_JOBS"] = str(_max_jobs())
     cutlass_inc = _cutlass_include()
-    dash_config.write_if_changed(str(GENERATED_HEADER), dash_config.render_cpp_header())
+    # The tile table, the list of compiled (head dim, dtype) units and the units themselves,
+    # all rendered from dash/config.py for this build's choice.
+    units = dash_config.write_generated(str(GENERATED_DIR), hdims, [DTYPE_NAMES[t] for t in dtypes])
 
     sources = ["csrc/torch_binding.cpp", "csrc/bwd_dispatch.cpp", "csrc/fwd_dispatch.cpp"]
-    sources += [f"csrc/instantiations/{kind}_hdim{d}_{t}.cu" for kind in ("fwd", "bwd") for d in hdims for t in dtypes]
-    defines = [f"-DDASH_BUILD_HDIM{d}" for d in hdims] + [f"-DDASH_BUILD_{t.upper()}" for t in dtypes]
+    sources += [str(Path(u).relative_to(ROOT)) for u in units]
     # No -std flag: torch's BuildExtension adds the C++ standard its own headers need
     # (C++17 up to torch 2.13, C++20 from 2.14), for the host compiler and nvcc alike.
     nvcc_flags = [
@@ -237,7 +238,6 @@ def _extension_kwargs() -> dict:
         "--expt-relaxed-constexpr",
         "-DNDEBUG",
         "-lineinfo",  # source lines in ncu / compute-sanitizer reports, no runtime cost
-        *defines,
     ]
     print(f"DASH: building kernels for head dims {hdims}, dtypes {dtypes}, sm_90a, torch {torch_version()}, "
           f"CUDA toolkit {cuda_home}, MAX_JOBS={os.environ['MAX_JOBS']}, CUTLASS {cutlass_inc}", flush=True)
@@ -298,7 +298,7 @@ def _extension_kwargs() -> dict:
         # nvcc refuses CUDA headers of another release than its own.
         include_dirs=[str(ROOT / "csrc"), str(cutlass_inc), str(toolkit_headers(cuda_home)),
                       *_pip_cuda_includes(cuda_home)],
-        extra_compile_args={"cxx": ["-O3", *defines], "nvcc": nvcc_flags},
+        extra_compile_args={"cxx": ["-O3"], "nvcc": nvcc_flags},
     )
     return {"ext_modules": [ext], "cmdclass": {"build_ext": _BuildExt.with_options(use_ninja=True),
                                                 "build_py": _BuildPy}}

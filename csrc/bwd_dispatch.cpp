@@ -1,11 +1,12 @@
 // Dispatch from runtime (head dim, dtype) to the translation units this build compiled.
-// Which ones exist is decided by setup.py (DASH_HDIMS / DASH_DTYPES) through the
-// DASH_BUILD_HDIM<d> / DASH_BUILD_<DTYPE> macros.
+// Which ones exist is decided by setup.py (DASH_HDIMS / DASH_DTYPES): dash/config.py writes
+// the units and the list they come from (generated/dispatch.h), so the two cannot disagree.
 #include "bwd_api.h"
 
 #include <stdexcept>
 #include <string>
 
+#include "generated/dispatch.h"
 #include "generated/tile_config.h"
 
 namespace cutlass {
@@ -50,22 +51,18 @@ namespace {
 char const* dtype_name(DType t) { return t == DType::kBFloat16 ? "bfloat16" : "float16"; }
 
 bool hdim_built(int d) {
-#ifdef DASH_BUILD_HDIM64
-  if (d == 64) return true;
-#endif
-#ifdef DASH_BUILD_HDIM128
-  if (d == 128) return true;
-#endif
+#define DASH_HDIM_CASE(D, T, E) \
+  if (d == D) return true;
+  DASH_FOR_EACH_BUILT_UNIT(DASH_HDIM_CASE)
+#undef DASH_HDIM_CASE
   return false;
 }
 
 bool dtype_built(DType t) {
-#ifdef DASH_BUILD_BF16
-  if (t == DType::kBFloat16) return true;
-#endif
-#ifdef DASH_BUILD_FP16
-  if (t == DType::kFloat16) return true;
-#endif
+#define DASH_DTYPE_CASE(D, T, E) \
+  if (t == DType::E) return true;
+  DASH_FOR_EACH_BUILT_UNIT(DASH_DTYPE_CASE)
+#undef DASH_DTYPE_CASE
   return false;
 }
 
@@ -78,7 +75,13 @@ bool dtype_built(DType t) {
 
 }  // namespace
 
-bool bwd_is_built(int head_dim, DType dtype) { return hdim_built(head_dim) && dtype_built(dtype); }
+bool bwd_is_built(int head_dim, DType dtype) {
+#define DASH_UNIT_CASE(D, T, E) \
+  if (head_dim == D && dtype == DType::E) return true;
+  DASH_FOR_EACH_BUILT_UNIT(DASH_UNIT_CASE)
+#undef DASH_UNIT_CASE
+  return false;
+}
 
 std::string bwd_built_head_dims() {
   std::string s;
@@ -121,32 +124,10 @@ int64_t bwd_trace_steps(BwdParams const& p) {
 }
 
 void run_bwd(BwdParams const& p, cudaStream_t stream) {
-  if (!bwd_is_built(p.head_dim, p.dtype)) { not_built(p); }
-  bool const bf16 = p.dtype == DType::kBFloat16;
-  switch (p.head_dim) {
-#ifdef DASH_BUILD_HDIM64
-    case 64:
-#ifdef DASH_BUILD_BF16
-      if (bf16) return run_bwd_hdim<64, cutlass::bfloat16_t>(p, stream);
-#endif
-#ifdef DASH_BUILD_FP16
-      if (!bf16) return run_bwd_hdim<64, cutlass::half_t>(p, stream);
-#endif
-      break;
-#endif
-#ifdef DASH_BUILD_HDIM128
-    case 128:
-#ifdef DASH_BUILD_BF16
-      if (bf16) return run_bwd_hdim<128, cutlass::bfloat16_t>(p, stream);
-#endif
-#ifdef DASH_BUILD_FP16
-      if (!bf16) return run_bwd_hdim<128, cutlass::half_t>(p, stream);
-#endif
-      break;
-#endif
-    default: break;
-  }
-  (void)bf16;
+#define DASH_RUN_CASE(D, T, E) \
+  if (p.head_dim == D && p.dtype == DType::E) return run_bwd_hdim<D, T>(p, stream);
+  DASH_FOR_EACH_BUILT_UNIT(DASH_RUN_CASE)
+#undef DASH_RUN_CASE
   not_built(p);
 }
 

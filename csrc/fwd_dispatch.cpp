@@ -1,10 +1,11 @@
 // Dispatch from runtime (head dim, dtype) to the forward translation units this build
-// compiled (the DASH_BUILD_HDIM<d> / DASH_BUILD_<DTYPE> macros, as for the backward).
+// compiled (the generated list in generated/dispatch.h, as for the backward).
 #include "fwd_api.h"
 
 #include <stdexcept>
 #include <string>
 
+#include "generated/dispatch.h"
 #include "bwd_api.h"  // bwd_is_built / bwd_built_*: the (head dim, dtype) set both passes share
 
 namespace cutlass {
@@ -25,33 +26,12 @@ void run_fwd(FwdParams const& p, cudaStream_t stream) {
                                 "; built dtypes: " + bwd_built_dtypes() +
                                 " (set DASH_HDIMS / DASH_DTYPES when building to add)");
   }
-  bool const bf16 = p.dtype == DType::kBFloat16;
-  (void)bf16;
-  switch (p.head_dim) {
-#ifdef DASH_BUILD_HDIM64
-    case 64:
-#ifdef DASH_BUILD_BF16
-      if (bf16) return run_fwd_hdim<64, cutlass::bfloat16_t>(p, stream);
-#endif
-#ifdef DASH_BUILD_FP16
-      if (!bf16) return run_fwd_hdim<64, cutlass::half_t>(p, stream);
-#endif
-      break;
-#endif
-#ifdef DASH_BUILD_HDIM128
-    case 128:
-#ifdef DASH_BUILD_BF16
-      if (bf16) return run_fwd_hdim<128, cutlass::bfloat16_t>(p, stream);
-#endif
-#ifdef DASH_BUILD_FP16
-      if (!bf16) return run_fwd_hdim<128, cutlass::half_t>(p, stream);
-#endif
-      break;
-#endif
-    default: break;
-  }
-  throw std::logic_error("DASH forward: head_dim=" + std::to_string(p.head_dim) + " passed the build check but has no "
-                         "dispatch case");
+#define DASH_RUN_CASE(D, T, E) \
+  if (p.head_dim == D && p.dtype == DType::E) return run_fwd_hdim<D, T>(p, stream);
+  DASH_FOR_EACH_BUILT_UNIT(DASH_RUN_CASE)
+#undef DASH_RUN_CASE
+  throw std::logic_error("DASH forward: head_dim=" + std::to_string(p.head_dim) +
+                         " passed the build check but has no dispatch case");
 }
 
 }  // namespace dash

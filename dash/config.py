@@ -244,10 +244,90 @@ def render_cpp_header() -> str:
     return "\n".join(lines)
 
 
+#: The kernel passes, each compiled once per (head dim, dtype) translation unit.
+KERNEL_PASSES: tuple[str, ...] = ("fwd", "bwd")
+#: dtype name -> (file suffix, CUTLASS element type, dash::DType enumerator).
+DTYPE_CPP: dict[str, tuple[str, str, str]] = {
+    "bfloat16": ("bf16", "cutlass::bfloat16_t", "kBFloat16"),
+    "float16": ("fp16", "cutlass::half_t", "kFloat16"),
+}
+
+
+def render_instantiations(head_dims: Iterable[int], dtypes: Iterable[str]) -> dict[str, str]:
+    """One translation unit per (pass, head dim, dtype): file name -> text. One unit each
+    bounds compile time and memory; the mask is a compile-time switch inside."""
+    units = {}
+    for kind in KERNEL_PASSES:
+        for d in head_dims:
+            for dt in dtypes:
+                suffix, element, _ = DTYPE_CPP[dt]
+                units[f"{kind}_hdim{d}_{suffix}.cu"] = "\n".join([
+                    "// Generated from dash/config.py by render_instantiations(). Do not edit; do not commit.",
+                    f'#include "kernels/{kind}_launch.h"',
+                    "",
+                    "namespace dash {",
+                    f"template void run_{kind}_hdim<{d}, {element}>({kind.capitalize()}Params const&, cudaStream_t);",
+                    "}  // namespace dash",
+                    "",
+                ])
+    return units
+
+
+def render_dispatch_header(head_dims: Iterable[int], dtypes: Iterable[str]) -> str:
+    """The (head dim, dtype) pairs a build compiles, as an X-macro the dispatch files expand
+    (csrc/{fwd,bwd}_dispatch.cpp), so that dispatch and instantiations come from one list."""
+    pairs = [(d, dt) for d in head_dims for dt in dtypes]
+    lines = [
+        "// Generated from dash/config.py by render_dispatch_header(). Do not edit; do not commit.",
+        "#pragma once",
+        "",
+        "// X(head_dim, CUTLASS element type, dash::DType enumerator) for every compiled unit.",
+        "#define DASH_FOR_EACH_BUILT_UNIT(X) \\",
+    ]
+    lines += [f"  X({d}, {DTYPE_CPP[dt][1]}, {DTYPE_CPP[dt][2]}) \\" for d, dt in pairs]
+    lines += ["  /* end */", ""]
+    return "\n".join(lines)
+
+
+def write_generated(directory: str, head_dims: Iterable[int] = SUPPORTED_HEAD_DIMS,
+                    dtypes: Iterable[str] = SUPPORTED_DTYPES) -> list[str]:
+    """Write tile_config.h, dispatch.h and instantiations/*.cu for the chosen head dims and
+    dtypes into ``directory`` (csrc/generated); remove units of other choices. Returns the
+    translation units' paths."""
+    import os
+
+    head_dims, dtypes = tuple(head_dims), tuple(dtypes)
+    for d in head_dims:
+        if d not in SUPPORTED_HEAD_DIMS:
+            raise ValueError(f"head_dim {d} has no tile configuration; supported: {SUPPORTED_HEAD_DIMS}")
+    for dt in dtypes:
+        if dt not in DTYPE_CPP:
+            raise ValueError(f"dtype {dt!r} is not one of {tuple(DTYPE_CPP)}")
+    write_if_changed(os.path.join(directory, "tile_config.h"), render_cpp_header())
+    write_if_changed(os.path.join(directory, "dispatch.h"), render_dispatch_header(head_dims, dtypes))
+    units_dir = os.path.join(directory, "instantiations")
+    units = render_instantiations(head_dims, dtypes)
+    paths = []
+    for name, text in units.items():
+        path = os.path.join(units_dir, name)
+        write_if_changed(path, text)
+        paths.append(path)
+    for name in os.listdir(units_dir):
+        if name.endswith(".cu") and name not in units:
+            os.remove(os.path.join(units_dir, name))
+    return sorted(paths)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="DASH tile configuration table")
     parser.add_argument("--header", metavar="PATH", help="write the C++ header to PATH ('-' for stdout)")
+    parser.add_argument("--generate", metavar="DIR",
+                        help="write tile_config.h, dispatch.h and instantiations/*.cu (all head dims and dtypes) to DIR")
     args = parser.parse_args(argv)
+    if args.generate:
+        for path in write_generated(args.generate):
+            print(path)
+        return 0
     if args.header:
         text = render_cpp_header()
         if args.header == "-":

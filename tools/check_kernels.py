@@ -1,6 +1,6 @@
 """Compile every kernel translation unit for sm_90a and check its resources.
 
-    python tools/check_kernels.py            # all TUs under csrc/instantiations
+    python tools/check_kernels.py            # every TU (rendered into csrc/generated/instantiations)
     python tools/check_kernels.py --sass     # also check the SASS (needs cuobjdump)
 
 For each kernel prints registers, spill bytes and stack frame (from ptxas -v), and exits
@@ -131,12 +131,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sass", action="store_true", help="also check HGMMA/UTMALDG present and no LDL/STL")
     p.add_argument("--jobs", type=int, default=min(os.cpu_count() or 1, 4))
-    p.add_argument("tus", nargs="*", type=Path, help="translation units (default: csrc/instantiations/*.cu)")
+    p.add_argument("tus", nargs="*", type=Path,
+                   help="translation units (default: every unit dash/config.py renders, all head dims and dtypes)")
     args = p.parse_args(argv)
 
     nvcc, cutlass = find_nvcc(), find_cutlass()
-    dash_config.write_if_changed(str(ROOT / "csrc" / "generated" / "tile_config.h"), dash_config.render_cpp_header())
-    tus = args.tus or sorted((ROOT / "csrc" / "instantiations").glob("*.cu"))
+    units = dash_config.write_generated(str(ROOT / "csrc" / "generated"))
+    tus = args.tus or [Path(u) for u in units]
     cuobjdump = find_cuobjdump() if args.sass else None
     if args.sass and cuobjdump is None:
         print("check_kernels: --sass requested but cuobjdump not found (pip install nvidia-cuda-cuobjdump)")

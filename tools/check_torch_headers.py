@@ -78,15 +78,14 @@ def main(argv: list[str] | None = None) -> int:
             names = [n for n in z.namelist() if n.startswith("torch/include/") or n == "torch/utils/cpp_extension.py"]
             z.extractall(tmp, members=names)
         std = cxx_standard((tmp / "torch/utils/cpp_extension.py").read_text())
-        dash_config.write_if_changed(str(ROOT / "csrc/generated/tile_config.h"), dash_config.render_cpp_header())
+        dash_config.write_generated(str(ROOT / "csrc/generated"))
         import sysconfig
 
         includes = [ROOT / "csrc", tmp / "torch/include", tmp / "torch/include/torch/csrc/api/include",
                     toolkit_headers(cuda_home), sysconfig.get_paths()["include"], *pip_cuda_includes()]
-        defines = ["-DDASH_BUILD_HDIM64", "-DDASH_BUILD_HDIM128", "-DDASH_BUILD_BF16", "-DDASH_BUILD_FP16"]
         failed = 0
         for src in SOURCES:
-            cmd = [cxx, f"-std={std}", "-fsyntax-only", "-D_GLIBCXX_USE_CXX11_ABI=1", *defines,
+            cmd = [cxx, f"-std={std}", "-fsyntax-only", "-D_GLIBCXX_USE_CXX11_ABI=1",
                    *[f"-I{i}" for i in includes], str(ROOT / src)]
             proc = subprocess.run(cmd, capture_output=True, text=True)
             status = "ok" if proc.returncode == 0 else "FAILED"

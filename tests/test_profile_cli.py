@@ -218,8 +218,7 @@ def test_kernel_table_matches_the_kernels_in_csrc():
     assert {"bwd_preprocess_kernel", "bwd_main_kernel", "bwd_convert_dq_kernel"} <= in_csrc, in_csrc
     unlisted = in_csrc - set(profile.DASH_KERNELS)
     assert not unlisted, f"add {sorted(unlisted)} to dash.profile.DASH_KERNELS (the profiler filters use it)"
-    # Every name in the table is a kernel; the forward's may be missing in a checkout from before it.
-    assert set(profile.DASH_KERNELS) - in_csrc <= {"fwd_main_kernel"}
+    assert set(profile.DASH_KERNELS) <= in_csrc
 
 
 def test_kernel_regex_matches_dash_kernels_only():

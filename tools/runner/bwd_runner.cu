@@ -1,5 +1,5 @@
-// dash_bwd_runner: DASH's backward kernels without Python, for Nsight Compute and Nsight
-// Systems, and for timing a shape in isolation.
+// dash_bwd_runner: DASH's backward kernels (and, with --pass fwd, its forward) without
+// Python, for Nsight Compute and Nsight Systems, and for timing a shape in isolation.
 //
 //   cmake -S . -B build/cmake && cmake --build build/cmake --target dash_bwd_runner
 //   build/cmake/dash_bwd_runner --seqlen-q 4096 --hdim 128 --causal --iters 20
@@ -10,7 +10,10 @@
 // allocates with cudaMalloc exactly as csrc/torch_binding.cpp lays them out, filled with a
 // deterministic pseudo-random pattern.
 //
-// TIMING AND PROFILING ONLY. The softmax_lse handed to the kernels is synthetic: the constant
+// --pass fwd runs dash::run_fwd (csrc/fwd_api.h) on the same kind of inputs; it needs no
+// synthetic statistics. Not yet run on a GPU when it was added (compiled only).
+//
+// TIMING AND PROFILING ONLY (the backward). The softmax_lse handed to the kernels is synthetic: the constant
 // log(seqlen_k), which is about what a forward over these small random inputs would give, not
 // the log-sum-exp of an actual forward. Every exp() stays finite and the kernels do exactly
 // the work they do on real inputs (the same tiles, the same instructions, the same
@@ -43,6 +46,7 @@
 #include <vector>
 
 #include "bwd_api.h"
+#include "fwd_api.h"
 
 namespace {
 
@@ -72,8 +76,7 @@ constexpr char const* kScheduleNames[] = {"fa3", "interleaved", "descending", "s
 constexpr int kNumSchedules = int(sizeof(kScheduleNames) / sizeof(kScheduleNames[0]));
 
 struct Options {
-  // Which pass to time. Only the backward exists; a forward ("fwd") is added in make_pass()
-  // and parse_pass() once csrc/fwd_api.h provides run_fwd(FwdParams const&, cudaStream_t).
+  // Which pass to time: "bwd" (dash::run_bwd) or "fwd" (dash::run_fwd); see make_pass().
   std::string pass = "bwd";
   // 0 means "derive": batch 16384 / seqlen_q tokens and heads 2048 / hdim (the training
   // shape of python -m dash bench), heads_kv = heads, seqlen_k = seqlen_q.
@@ -91,14 +94,14 @@ struct Options {
 char const* dtype_name(dash::DType t) { return t == dash::DType::kBFloat16 ? "bf16" : "fp16"; }
 
 constexpr char kUsage[] =
-    "usage: dash_bwd_runner [--pass bwd] [--batch B] [--heads H] [--heads-kv HKV] [--seqlen-q SQ]\n"
+    "usage: dash_bwd_runner [--pass bwd|fwd] [--batch B] [--heads H] [--heads-kv HKV] [--seqlen-q SQ]\n"
     "                       [--seqlen-k SK] [--hdim D] [--causal | --no-causal] [--dtype bf16|fp16]\n"
     "                       [--deterministic | --no-deterministic] [--schedule NAME] [--iters K] [--warmup W]\n"
     "\n"
     "Times DASH's backward kernels (dash::run_bwd) on synthetic inputs; for ncu / nsys without Python.\n"
     "The softmax_lse it uses is a synthetic constant: results are for timing and profiling only.\n"
     "\n"
-    "  --pass        bwd (the only pass so far)\n"
+    "  --pass        bwd (default) or fwd\n"
     "  --batch       default 16384 / seqlen-q (16k tokens), at least 1\n"
     "  --heads       query heads, default 2048 / hdim (hidden 2048)\n"
     "  --heads-kv    key/value heads (GQA/MQA), default --heads; must divide --heads\n"
@@ -166,9 +169,8 @@ Options parse_options(int argc, char** argv) {
       value = argv[++i];
     }
     if (arg == "--pass") {
-      if (value != "bwd") {
-        throw UsageError("argument --pass: '" + value + "' is not a pass this runner has; choose bwd (a forward "
-                         "pass is not implemented here yet)");
+      if (value != "bwd" && value != "fwd") {
+        throw UsageError("argument --pass: '" + value + "' is not a pass this runner has; choose bwd or fwd");
       }
       o.pass = value;
     } else if (arg == "--batch") {
@@ -485,11 +487,69 @@ class BackwardPass final : public TimedPass {
   DeviceBuffer q_, k_, v_, out_, dout_, lse_, dq_, dk_, dv_, dk_accum_, dv_accum_, dkv_semaphore_, workspace_;
 };
 
-// The one place that maps --pass to a pass. A forward pass is one more branch here (a
-// ForwardPass class filling FwdParams and calling dash::run_fwd) plus "fwd" in the --pass
-// check of parse_options().
+// The forward (dash::run_fwd) on pseudo-random q, k, v: unlike the backward it needs no
+// synthetic statistics, so its inputs are as real as any.
+class ForwardPass final : public TimedPass {
+ public:
+  ForwardPass(Options const& o, int num_sms, cudaStream_t stream) : o_(o) {
+    size_t const elem = 2;  // bf16 and fp16
+    size_t const q_elems = size_t(o.batch) * o.seqlen_q * o.heads * o.hdim;
+    size_t const kv_elems = size_t(o.batch) * o.seqlen_k * o.heads_kv * o.hdim;
+    q_ = DeviceBuffer(q_elems * elem, "q");
+    k_ = DeviceBuffer(kv_elems * elem, "k");
+    v_ = DeviceBuffer(kv_elems * elem, "v");
+    out_ = DeviceBuffer(q_elems * elem, "out");
+    lse_ = DeviceBuffer(size_t(o.batch) * o.heads * o.seqlen_q * sizeof(float), "softmax_lse");
+    tile_counter_ = DeviceBuffer(sizeof(int), "tile counter");
+    fill_pseudo_random(q_, o.dtype, q_elems, 1, stream);
+    fill_pseudo_random(k_, o.dtype, kv_elems, 2, stream);
+    fill_pseudo_random(v_, o.dtype, kv_elems, 3, stream);
+
+    dash::FwdParams& p = params_;
+    p.dtype = o.dtype;
+    p.batch = o.batch;
+    p.seqlen_q = o.seqlen_q;
+    p.seqlen_k = o.seqlen_k;
+    p.num_heads = o.heads;
+    p.num_heads_k = o.heads_kv;
+    p.head_dim = o.hdim;
+    p.q = q_.get();
+    p.k = k_.get();
+    p.v = v_.get();
+    p.q_strides = p.out_strides = contiguous_bshd(o.seqlen_q, o.heads, o.hdim);
+    p.k_strides = p.v_strides = contiguous_bshd(o.seqlen_k, o.heads_kv, o.hdim);
+    p.out = out_.get();
+    p.lse = lse_.as<float>();
+    p.softmax_scale = 1.0f / std::sqrt(float(o.hdim));
+    p.causal = o.causal;
+    p.num_ctas_max = num_sms;  // the torch op's default, sm_margin = 0
+    p.tile_counter = tile_counter_.as<int>();  // run_fwd zeroes it on the stream
+  }
+
+  std::string describe() const override {
+    std::string s = std::string("forward ") + dtype_name(o_.dtype) + " hdim" + std::to_string(o_.hdim) +
+                    (o_.causal ? " causal" : " full") + ", batch " + std::to_string(o_.batch) + " heads " +
+                    std::to_string(o_.heads);
+    if (o_.heads != o_.heads_kv) s += "/" + std::to_string(o_.heads_kv) + " (GQA)";
+    return s + " seqlen_q " + std::to_string(o_.seqlen_q) + " seqlen_k " + std::to_string(o_.seqlen_k);
+  }
+
+  double flops() const override { return attention_fwd_flops(o_); }
+
+  char const* ncu_kernel_filter() const override { return "regex:fwd_main_kernel"; }
+
+  void enqueue(cudaStream_t stream) override { dash::run_fwd(params_, stream); }
+
+ private:
+  Options o_;
+  dash::FwdParams params_;
+  DeviceBuffer q_, k_, v_, out_, lse_, tile_counter_;
+};
+
+// The one place that maps --pass to a pass.
 std::unique_ptr<TimedPass> make_pass(Options const& o, int num_sms, cudaStream_t stream) {
   if (o.pass == "bwd") return std::make_unique<BackwardPass>(o, num_sms, stream);
+  if (o.pass == "fwd") return std::make_unique<ForwardPass>(o, num_sms, stream);
   throw UsageError("argument --pass: '" + o.pass + "' is not a pass this runner has");
 }
 

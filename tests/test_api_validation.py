@@ -806,3 +806,33 @@ def test_cuda_device_info_asks_the_driver_once_per_device(monkeypatch):
         assert calls == [0, 1]
     finally:
         validation.cuda_device_info.cache_clear()
+
+
+def test_repeated_valid_calls_skip_revalidation_but_not_the_pointer_check(monkeypatch):
+    """validate_inputs remembers valid calls by shapes, strides, dtypes, devices and typed
+    options; a remembered call still checks the data pointers' alignment, and a call that
+    differs only in an option's type (causal=1 for True) is validated in full."""
+    from dash import validation
+
+    # A CPU stand-in for an sm_90 device (the device checks are the only ones patched).
+    monkeypatch.setattr(validation, "check_cuda_devices", lambda q, k, v: None)
+    monkeypatch.setattr(validation, "cuda_device_info", lambda index: ((9, 0), 132))
+    monkeypatch.setattr(validation, "_check_built", lambda head_dim, dtype: None)
+    validation._VALID_CALLS.clear()
+    shape = (1, 64, 2, 64)
+    q, k, v = (torch.randn(shape, dtype=torch.bfloat16) for _ in range(3))
+    calls = []
+    full = validation._validate_inputs
+    monkeypatch.setattr(validation, "_validate_inputs", lambda *a, **kw: (calls.append(1), full(*a, **kw)))
+    validation.validate_inputs(q, k, v, causal=True)
+    validation.validate_inputs(q, k, v, causal=True)
+    assert len(calls) == 1  # the second call was remembered
+    numel = q.numel()
+    base = torch.empty(numel + 8, dtype=torch.bfloat16)
+    misaligned = base[1:1 + numel].view(shape)  # same shape and strides, pointer 2 bytes off
+    assert misaligned.stride() == q.stride() and misaligned.data_ptr() % 16 != 0
+    with pytest.raises(ValueError, match="not aligned to 16 bytes"):
+        validation.validate_inputs(misaligned, k, v, causal=True)
+    with pytest.raises(TypeError, match="causal must be a bool"):
+        validation.validate_inputs(q, k, v, causal=1)
+    validation._VALID_CALLS.clear()

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import hashlib
 import json
 import math
 import os
@@ -53,6 +52,11 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # the checkout's dash/, as benchmarks/bench_bwd.py uses
+
+from dash.digest import combined_digest, float32_bits, tensor_digest  # noqa: E402, F401  (float32_bits: for tests)
+
 DEFAULT_OUT = ROOT / "benchmarks" / "results"
 TAG = "e2e"
 
@@ -305,30 +309,6 @@ def _bits_to_float(bits: str) -> float:
     import struct
 
     return struct.unpack("<f", int(bits, 16).to_bytes(4, "little"))[0]
-
-
-def float32_bits(values: Sequence[float]) -> list[str]:
-    """Hex strings of float32 values (exact for values that are float32, e.g. a loss's .tolist())."""
-    import struct
-
-    return [f"{struct.unpack('<I', struct.pack('<f', v))[0]:08x}" for v in values]
-
-
-def tensor_digest(t: Any) -> str:
-    """SHA-256 of a tensor's dtype, shape and raw bytes (so -0.0 != 0.0 and NaN payloads count)."""
-    import torch
-
-    data = t.detach().contiguous().reshape(-1).view(torch.uint8).cpu().numpy()
-    h = hashlib.sha256(f"{t.dtype}{tuple(t.shape)}".encode())
-    h.update(memoryview(data))
-    return h.hexdigest()
-
-
-def combined_digest(param_digests: dict[str, str]) -> str:
-    h = hashlib.sha256()
-    for name in sorted(param_digests):
-        h.update(f"{name}={param_digests[name]};".encode())
-    return h.hexdigest()
 
 
 # ---------------------------------------------------------------------------------------
@@ -1008,8 +988,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     problem = gpu_problem()
     if problem:
         return _fail(problem)
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))  # the checkout's dash/, as benchmarks/bench_bwd.py uses
     import torch
 
     wants_dash = args.backends is None or any(b.startswith("dash_") for b in args.backends)

@@ -14,9 +14,17 @@ bool bwd_is_built(int head_dim, DType dtype);
 // Head dims / dtypes compiled into this build, e.g. "64, 128" and "bfloat16, float16".
 std::string bwd_built_head_dims();
 std::string bwd_built_dtypes();
+// "DASH <pass>: head_dim=96 with dtype bfloat16 is not built; built head dims: ..." (both
+// passes are built for the same units).
+std::string not_built_message(char const* pass, int head_dim, DType dtype);
 
-// Workspace the caller must allocate (any contents: the preprocess kernel initialises it).
+// Workspace the caller must allocate (any contents: the preprocess kernel initialises it),
+// region by region ...
 BwdWorkspaceSizes bwd_workspace_sizes(BwdParams const& params);
+// ... and as one allocation of this many bytes (16-byte aligned), which bwd_set_workspace
+// carves into the regions, each starting 16-byte aligned.
+size_t bwd_workspace_bytes(BwdParams const& params);
+void bwd_set_workspace(BwdParams& params, void* workspace);
 
 // kBlockN of the backward's tiles: columns of a head = ceil(seqlen_k / kBlockN).
 int bwd_block_n(BwdParams const& params);

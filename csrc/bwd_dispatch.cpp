@@ -67,13 +67,16 @@ bool dtype_built(DType t) {
 }
 
 [[noreturn]] void not_built(BwdParams const& p) {
-  throw std::invalid_argument("DASH backward: head_dim=" + std::to_string(p.head_dim) + " with dtype " +
-                              dtype_name(p.dtype) + " is not built; built head dims: " + bwd_built_head_dims() +
-                              "; built dtypes: " + bwd_built_dtypes() +
-                              " (set DASH_HDIMS / DASH_DTYPES when building to add)");
+  throw std::invalid_argument(not_built_message("backward", p.head_dim, p.dtype));
 }
 
 }  // namespace
+
+std::string not_built_message(char const* pass, int head_dim, DType dtype) {
+  return std::string("DASH ") + pass + ": head_dim=" + std::to_string(head_dim) + " with dtype " + dtype_name(dtype) +
+         " is not built; built head dims: " + bwd_built_head_dims() + "; built dtypes: " + bwd_built_dtypes() +
+         " (set DASH_HDIMS / DASH_DTYPES when building to add)";
+}
 
 bool bwd_is_built(int head_dim, DType dtype) {
 #define DASH_UNIT_CASE(D, T, E) \
@@ -105,6 +108,30 @@ BwdWorkspaceSizes bwd_workspace_sizes(BwdParams const& p) {
     case 128: return p.causal ? bwd_workspace_sizes_for<128, true>(p) : bwd_workspace_sizes_for<128, false>(p);
     default: not_built(p);
   }
+}
+
+namespace {
+size_t round_up_16B(size_t words) { return (words + 3) / 4 * 4; }  // 4-byte words
+}  // namespace
+
+size_t bwd_workspace_bytes(BwdParams const& p) {
+  BwdWorkspaceSizes const ws = bwd_workspace_sizes(p);
+  return 4 * (round_up_16B(ws.lse_log2_floats) + round_up_16B(ws.dpsum_floats) + round_up_16B(ws.dq_accum_floats) +
+              round_up_16B(ws.semaphore_ints) + round_up_16B(ws.counter_ints));
+}
+
+void bwd_set_workspace(BwdParams& p, void* workspace) {
+  BwdWorkspaceSizes const ws = bwd_workspace_sizes(p);
+  float* base = static_cast<float*>(workspace);
+  p.lse_log2 = base;
+  base += round_up_16B(ws.lse_log2_floats);
+  p.dpsum = base;
+  base += round_up_16B(ws.dpsum_floats);
+  p.dq_accum = base;
+  base += round_up_16B(ws.dq_accum_floats);
+  p.dq_semaphore = reinterpret_cast<int*>(base);
+  base += round_up_16B(ws.semaphore_ints);
+  p.counters = reinterpret_cast<int*>(base);
 }
 
 int bwd_block_n(BwdParams const& p) {

@@ -20,11 +20,7 @@ void run_fwd_hdim(FwdParams const& params, cudaStream_t stream);
 
 void run_fwd(FwdParams const& p, cudaStream_t stream) {
   if (!bwd_is_built(p.head_dim, p.dtype)) {
-    throw std::invalid_argument("DASH forward: head_dim=" + std::to_string(p.head_dim) + " with dtype " +
-                                (p.dtype == DType::kBFloat16 ? "bfloat16" : "float16") +
-                                " is not built; built head dims: " + bwd_built_head_dims() +
-                                "; built dtypes: " + bwd_built_dtypes() +
-                                " (set DASH_HDIMS / DASH_DTYPES when building to add)");
+    throw std::invalid_argument(not_built_message("forward", p.head_dim, p.dtype));
   }
 #define DASH_RUN_CASE(D, T, E) \
   if (p.head_dim == D && p.dtype == DType::E) return run_fwd_hdim<D, T>(p, stream);

@@ -43,16 +43,77 @@ dash::BSHDStrides bshd_strides(Tensor const& t) {
   return {t.stride(0), t.stride(1), t.stride(2)};
 }
 
-void check_bshd(Tensor const& t, char const* name) {
-  TORCH_CHECK(t.dim() == 4, "dash.bwd: ", name, " must have 4 dims (batch, seqlen, heads, head_dim), got ", t.dim());
-  TORCH_CHECK(t.stride(3) == 1, "dash.bwd: ", name, " must be contiguous in its last dim, got stride ", t.stride(3));
+// `op` ("dash.fwd", "dash.bwd") prefixes every message of the checks below.
+void check_bshd(char const* op, Tensor const& t, char const* name) {
+  TORCH_CHECK(t.dim() == 4, op, ": ", name, " must have 4 dims (batch, seqlen, heads, head_dim), got ", t.dim());
+  TORCH_CHECK(t.stride(3) == 1, op, ": ", name, " must be contiguous in its last dim, got stride ", t.stride(3));
   // TMA needs 16-byte aligned base addresses and strides.
-  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, "dash.bwd: ", name,
-              " must be 16-byte aligned");
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, op, ": ", name, " must be 16-byte aligned");
   for (int d = 0; d < 3; ++d) {
-    TORCH_CHECK((t.stride(d) * t.element_size()) % 16 == 0 || t.size(d) == 1, "dash.bwd: ", name, " stride ",
+    TORCH_CHECK((t.stride(d) * t.element_size()) % 16 == 0 || t.size(d) == 1, op, ": ", name, " stride ",
                 t.stride(d), " of dim ", d, " must be a multiple of 16 bytes");
   }
+}
+
+// What both ops check of q, k, v and the device, and the problem fields every params
+// struct (dash::FwdParams, dash::BwdParams) shares.
+struct Problem {
+  dash::DType dtype;
+  int64_t batch, seqlen_q, seqlen_k, heads, heads_k, head_dim;
+  int num_ctas_max;  // SMs the persistent grid may use
+
+  template <class Params>
+  void fill(Params& p) const {
+    p.dtype = dtype;
+    p.batch = int(batch);
+    p.seqlen_q = int(seqlen_q);
+    p.seqlen_k = int(seqlen_k);
+    p.num_heads = int(heads);
+    p.num_heads_k = int(heads_k);
+    p.head_dim = int(head_dim);
+    p.num_ctas_max = num_ctas_max;
+  }
+};
+
+// Call under a CUDAGuard for q's device (the device properties are the current device's).
+Problem check_problem(char const* op, Tensor const& q, Tensor const& k, Tensor const& v, int64_t sm_margin) {
+  for (auto const* t : {&q, &k, &v}) {
+    TORCH_CHECK(t->is_cuda(), op, ": q, k, v must be on a CUDA device");
+    TORCH_CHECK(t->device() == q.device(), op, ": q, k, v must be on one device");
+    TORCH_CHECK(t->scalar_type() == q.scalar_type(), op, ": q, k, v must share one dtype");
+  }
+  TORCH_CHECK(q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf, op,
+              ": dtype must be bfloat16 or float16, got ", q.scalar_type());
+  check_bshd(op, q, "q");
+  check_bshd(op, k, "k");
+  check_bshd(op, v, "v");
+  Problem pr;
+  pr.dtype = q.scalar_type() == at::kBFloat16 ? dash::DType::kBFloat16 : dash::DType::kFloat16;
+  pr.batch = q.size(0);
+  pr.seqlen_q = q.size(1);
+  pr.heads = q.size(2);
+  pr.head_dim = q.size(3);
+  pr.seqlen_k = k.size(1);
+  pr.heads_k = k.size(2);
+  TORCH_CHECK(k.sizes() == v.sizes(), op, ": k and v must have the same shape");
+  TORCH_CHECK(k.size(0) == pr.batch && k.size(3) == pr.head_dim, op,
+              ": k must be (batch, seqlen_k, heads_k, head_dim)");
+  TORCH_CHECK(pr.heads_k > 0 && pr.heads % pr.heads_k == 0, op, ": heads of q (", pr.heads,
+              ") must be divisible by heads of k/v (", pr.heads_k, ")");
+  TORCH_CHECK(pr.batch > 0 && pr.seqlen_q > 0 && pr.seqlen_k > 0 && pr.heads > 0, op,
+              ": empty inputs are not supported");
+  TORCH_CHECK(pr.seqlen_q < (1 << 30) && pr.seqlen_k < (1 << 30), op, ": sequence too long");
+  auto const* props = at::cuda::getCurrentDeviceProperties();
+  TORCH_CHECK(props->major == 9 && props->minor == 0, op,
+              ": needs a compute capability 9.0 GPU (H100/H200/H800/H20), got ", props->name, " with ",
+              props->major, ".", props->minor);
+  TORCH_CHECK(sm_margin >= 0 && sm_margin < props->multiProcessorCount, op, ": sm_margin=", sm_margin,
+              " must be in [0, ", props->multiProcessorCount, ")");
+  pr.num_ctas_max = int(props->multiProcessorCount - sm_margin);
+  TORCH_CHECK(dash::bwd_is_built(int(pr.head_dim), pr.dtype), op, ": head_dim=", pr.head_dim, " with dtype ",
+              q.scalar_type(), " is not built; built head dims: ", dash::bwd_built_head_dims(),
+              "; built dtypes: ", dash::bwd_built_dtypes());
+  return pr;
 }
 
 dash::BwdScheduleKind parse_schedule(c10::string_view schedule) {
@@ -77,51 +138,26 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> run_backward(Tensor const& dout, Tens
   // Opened before the GQA accumulators are zero-filled, so those fills count as the op's.
   NvtxRange range("dash.bwd " + problem_label(q, k, causal) + (deterministic ? " det " : " nondet ") +
                   std::string(schedule) + (trace ? " trace" : ""));
-  for (auto const* t : {&dout, &q, &k, &v, &out}) {
-    TORCH_CHECK(t->is_cuda(), "dash.bwd: all tensors must be on a CUDA device");
+  c10::cuda::CUDAGuard device_guard(q.device());
+  Problem const pr = check_problem("dash.bwd", q, k, v, sm_margin);
+  for (auto const* t : {&dout, &out}) {
+    TORCH_CHECK(t->is_cuda() && t->device() == q.device(), "dash.bwd: out and dout must be on q's device");
     TORCH_CHECK(t->scalar_type() == q.scalar_type(), "dash.bwd: q, k, v, out, dout must share one dtype");
   }
-  TORCH_CHECK(q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf,
-              "dash.bwd: dtype must be bfloat16 or float16, got ", q.scalar_type());
-  check_bshd(q, "q");
-  check_bshd(k, "k");
-  check_bshd(v, "v");
-  check_bshd(out, "out");
-  check_bshd(dout, "dout");
-  int64_t const batch = q.size(0), seqlen_q = q.size(1), heads = q.size(2), head_dim = q.size(3);
-  int64_t const seqlen_k = k.size(1), heads_k = k.size(2);
-  TORCH_CHECK(k.sizes() == v.sizes(), "dash.bwd: k and v must have the same shape");
-  TORCH_CHECK(k.size(0) == batch && k.size(3) == head_dim, "dash.bwd: k must be (batch, seqlen_k, heads_k, head_dim)");
+  check_bshd("dash.bwd", out, "out");
+  check_bshd("dash.bwd", dout, "dout");
+  int64_t const batch = pr.batch, seqlen_q = pr.seqlen_q, heads = pr.heads, head_dim = pr.head_dim;
+  int64_t const seqlen_k = pr.seqlen_k, heads_k = pr.heads_k;
   TORCH_CHECK(out.sizes() == q.sizes() && dout.sizes() == q.sizes(), "dash.bwd: out and dout must have q's shape");
-  TORCH_CHECK(heads_k > 0 && heads % heads_k == 0, "dash.bwd: heads of q (", heads,
-              ") must be divisible by heads of k/v (", heads_k, ")");
-  TORCH_CHECK(batch > 0 && seqlen_q > 0 && seqlen_k > 0 && heads > 0, "dash.bwd: empty inputs are not supported");
   TORCH_CHECK(softmax_lse.scalar_type() == at::kFloat && softmax_lse.dim() == 3 && softmax_lse.size(0) == batch &&
                   softmax_lse.size(1) == heads && softmax_lse.size(2) == seqlen_q && softmax_lse.stride(2) == 1,
               "dash.bwd: softmax_lse must be float32 (batch, heads, seqlen_q) with unit seqlen stride");
   TORCH_CHECK(softmax_lse.device() == q.device(), "dash.bwd: softmax_lse must be on q's device");
-  TORCH_CHECK(seqlen_q < (1 << 30) && seqlen_k < (1 << 30), "dash.bwd: sequence too long");
   TORCH_CHECK(batch <= 65535 && heads <= 65535, "dash.bwd: batch (", batch, ") and heads (", heads,
               ") must each be at most 65535");
 
-  c10::cuda::CUDAGuard device_guard(q.device());
-  auto const* props = at::cuda::getCurrentDeviceProperties();
-  TORCH_CHECK(props->major == 9 && props->minor == 0, "dash.bwd: needs a compute capability 9.0 GPU (H100/H200/H800/H20), got ",
-              props->name, " with ", props->major, ".", props->minor);
-  TORCH_CHECK(sm_margin >= 0 && sm_margin < props->multiProcessorCount, "dash.bwd: sm_margin=", sm_margin,
-              " must be in [0, ", props->multiProcessorCount, ")");
-
   dash::BwdParams p;
-  p.dtype = q.scalar_type() == at::kBFloat16 ? dash::DType::kBFloat16 : dash::DType::kFloat16;
-  p.batch = int(batch);
-  p.seqlen_q = int(seqlen_q);
-  p.seqlen_k = int(seqlen_k);
-  p.num_heads = int(heads);
-  p.num_heads_k = int(heads_k);
-  p.head_dim = int(head_dim);
-  TORCH_CHECK(dash::bwd_is_built(p.head_dim, p.dtype), "dash.bwd: head_dim=", head_dim, " with dtype ",
-              q.scalar_type(), " is not built; built head dims: ", dash::bwd_built_head_dims(),
-              "; built dtypes: ", dash::bwd_built_dtypes());
+  pr.fill(p);
 
   Tensor dq = at::empty_like(q);
   bool const gqa = heads != heads_k;
@@ -166,23 +202,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> run_backward(Tensor const& dout, Tens
   p.causal = causal;
   p.deterministic = deterministic;
   p.schedule = kind;
-  p.num_ctas_max = int(props->multiProcessorCount - sm_margin);
 
-  dash::BwdWorkspaceSizes const ws = dash::bwd_workspace_sizes(p);
-  auto const round4 = [](size_t n) { return (n + 3) / 4 * 4; };  // keep every region 16-byte aligned
-  size_t const total = round4(ws.lse_log2_floats) + round4(ws.dpsum_floats) + round4(ws.dq_accum_floats) +
-                       round4(ws.semaphore_ints) + round4(ws.counter_ints);
-  Tensor workspace = at::empty({int64_t(total)}, q.options().dtype(at::kFloat));
-  float* base = workspace.data_ptr<float>();
-  p.lse_log2 = base;
-  base += round4(ws.lse_log2_floats);
-  p.dpsum = base;
-  base += round4(ws.dpsum_floats);
-  p.dq_accum = base;
-  base += round4(ws.dq_accum_floats);
-  p.dq_semaphore = reinterpret_cast<int*>(base);
-  base += round4(ws.semaphore_ints);
-  p.counters = reinterpret_cast<int*>(base);
+  Tensor workspace = at::empty({int64_t(dash::bwd_workspace_bytes(p) / 4)}, q.options().dtype(at::kFloat));
+  dash::bwd_set_workspace(p, workspace.data_ptr());
 
   Tensor trace_records;
   if (trace) {
@@ -242,44 +264,11 @@ std::tuple<Tensor, Tensor> fwd_cuda(Tensor const& q, Tensor const& k, Tensor con
     TORCH_CHECK(t->dim() == 4, "dash.fwd: q, k, v must have 4 dims (batch, seqlen, heads, head_dim)");
   }
   NvtxRange range("dash.fwd " + problem_label(q, k, causal));
-  for (auto const* t : {&q, &k, &v}) {
-    TORCH_CHECK(t->is_cuda(), "dash.fwd: q, k, v must be on a CUDA device");
-    TORCH_CHECK(t->scalar_type() == q.scalar_type(), "dash.fwd: q, k, v must share one dtype");
-  }
-  TORCH_CHECK(q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf,
-              "dash.fwd: dtype must be bfloat16 or float16, got ", q.scalar_type());
-  check_bshd(q, "q");
-  check_bshd(k, "k");
-  check_bshd(v, "v");
-  int64_t const batch = q.size(0), seqlen_q = q.size(1), heads = q.size(2), head_dim = q.size(3);
-  int64_t const seqlen_k = k.size(1), heads_k = k.size(2);
-  TORCH_CHECK(k.sizes() == v.sizes(), "dash.fwd: k and v must have the same shape");
-  TORCH_CHECK(k.size(0) == batch && k.size(3) == head_dim, "dash.fwd: k must be (batch, seqlen_k, heads_k, head_dim)");
-  TORCH_CHECK(heads_k > 0 && heads % heads_k == 0, "dash.fwd: heads of q (", heads,
-              ") must be divisible by heads of k/v (", heads_k, ")");
-  TORCH_CHECK(batch > 0 && seqlen_q > 0 && seqlen_k > 0 && heads > 0, "dash.fwd: empty inputs are not supported");
-  TORCH_CHECK(seqlen_q < (1 << 30) && seqlen_k < (1 << 30), "dash.fwd: sequence too long");
-  TORCH_CHECK(k.device() == q.device() && v.device() == q.device(), "dash.fwd: q, k, v must be on one device");
-
   c10::cuda::CUDAGuard device_guard(q.device());
-  auto const* props = at::cuda::getCurrentDeviceProperties();
-  TORCH_CHECK(props->major == 9 && props->minor == 0,
-              "dash.fwd: needs a compute capability 9.0 GPU (H100/H200/H800/H20), got ", props->name, " with ",
-              props->major, ".", props->minor);
-  TORCH_CHECK(sm_margin >= 0 && sm_margin < props->multiProcessorCount, "dash.fwd: sm_margin=", sm_margin,
-              " must be in [0, ", props->multiProcessorCount, ")");
-
+  Problem const pr = check_problem("dash.fwd", q, k, v, sm_margin);
+  int64_t const batch = pr.batch, seqlen_q = pr.seqlen_q, heads = pr.heads;
   dash::FwdParams p;
-  p.dtype = q.scalar_type() == at::kBFloat16 ? dash::DType::kBFloat16 : dash::DType::kFloat16;
-  p.batch = int(batch);
-  p.seqlen_q = int(seqlen_q);
-  p.seqlen_k = int(seqlen_k);
-  p.num_heads = int(heads);
-  p.num_heads_k = int(heads_k);
-  p.head_dim = int(head_dim);
-  TORCH_CHECK(dash::bwd_is_built(p.head_dim, p.dtype), "dash.fwd: head_dim=", head_dim, " with dtype ",
-              q.scalar_type(), " is not built; built head dims: ", dash::bwd_built_head_dims(),
-              "; built dtypes: ", dash::bwd_built_dtypes());
+  pr.fill(p);
 
   Tensor out = at::empty_like(q, at::MemoryFormat::Contiguous);
   Tensor lse = at::empty({batch, heads, seqlen_q}, q.options().dtype(at::kFloat));
@@ -296,7 +285,6 @@ std::tuple<Tensor, Tensor> fwd_cuda(Tensor const& q, Tensor const& k, Tensor con
   p.lse = lse.data_ptr<float>();
   p.softmax_scale = float(softmax_scale);
   p.causal = causal;
-  p.num_ctas_max = int(props->multiProcessorCount - sm_margin);
 
   // Test hook (see run_backward): NaN-fill the outputs so a test proves the kernel wrote them all.
   char const* poison = std::getenv("DASH_POISON_OUTPUTS");

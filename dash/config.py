@@ -140,17 +140,6 @@ FWD_TILE_CONFIGS: tuple[FwdTileConfig, ...] = (
 )
 
 
-def fwd_tile_config(head_dim: int, causal: bool) -> FwdTileConfig:
-    """Return the forward configuration for ``head_dim`` and mask; raise a clear error otherwise."""
-    for cfg in FWD_TILE_CONFIGS:
-        if cfg.head_dim == head_dim and cfg.causal == bool(causal):
-            return cfg
-    supported = ", ".join(str(d) for d in SUPPORTED_HEAD_DIMS)
-    raise NotImplementedError(
-        f"head_dim={head_dim} is not supported yet by DASH's forward; supported head dims: {supported}"
-    )
-
-
 #: Semaphore / workspace constants shared by host and kernels.
 PREPROCESS_THREADS = 256
 H100_SMEM_LIMIT_BYTES = 227 * 1024

@@ -7,7 +7,6 @@ import argparse
 import math
 import os
 import sys
-import time
 
 import torch
 

@@ -46,17 +46,19 @@ What determinism needs, and where each is set (see DETERMINISM_ENV and ``configu
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import platform
-import struct
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # the checkout's dash/ when run from it
+
+from dash.digest import combined_digest, float32_bits, tensor_digest  # noqa: E402
 
 #: Environment for reproducible runs, set (unless already set) before anything starts CUDA,
 #: cuBLAS or NCCL. The module docstring says why each is needed.
@@ -169,27 +171,6 @@ def launch_problem(env: Optional[dict] = None) -> Optional[str]:
 # ---------------------------------------------------------------------------------------
 # Digests and comparison (pure)
 # ---------------------------------------------------------------------------------------
-def float32_bits(values: Sequence[float]) -> list[str]:
-    return [f"{struct.unpack('<I', struct.pack('<f', v))[0]:08x}" for v in values]
-
-
-def tensor_digest(t: Any) -> str:
-    """SHA-256 of a tensor's dtype, shape and raw bytes."""
-    import torch
-
-    data = t.detach().contiguous().reshape(-1).view(torch.uint8).cpu().numpy()
-    h = hashlib.sha256(f"{t.dtype}{tuple(t.shape)}".encode())
-    h.update(memoryview(data))
-    return h.hexdigest()
-
-
-def combined_digest(param_digests: dict[str, str]) -> str:
-    h = hashlib.sha256()
-    for name in sorted(param_digests):
-        h.update(f"{name}={param_digests[name]};".encode())
-    return h.hexdigest()
-
-
 #: Settings two runs must share to be comparable.
 CONFIG_KEYS = ("mode", "attn", "torch_deterministic", "world_size", "steps", "seed", "batch_per_rank", "seqlen",
                "layers", "dtype", "device")
@@ -344,8 +325,6 @@ def train(args: argparse.Namespace) -> Optional[dict]:
         configure_torch(args.torch_deterministic == "on")
         counter = None
         if args.attn == "dash":
-            if str(ROOT) not in sys.path:
-                sys.path.insert(0, str(ROOT))
             import dash
             import dash.integrations.transformers as dt
 

@@ -42,16 +42,6 @@ struct BwdMainKernel {
 
   using StageState = PipelineState<kStages>;  // Q and dO stages advance together
 
-  // Reader side of the producer's work ring: the k-th column of this CTA, or an invalid
-  // item (>= num_columns) when the CTA is done.
-  static __device__ __forceinline__ int next_work_item(SharedStorage& ss, int k) {
-    int const slot = k & 1;
-    ptx::mbar_wait(&ss.bar_work_full[slot], (k >> 1) & 1);
-    int const item = ss.work_item[slot];
-    ptx::mbar_arrive(&ss.bar_work_empty[slot]);
-    return item;
-  }
-
   // Runs body(item) for every column of this CTA, in order: claimed schedules read them
   // from the producer's ring, static ones step through their fixed list (no ring, no state
   // beyond the item itself).
@@ -60,7 +50,7 @@ struct BwdMainKernel {
     auto const& sched = params.schedule;
     if constexpr (Schedule::kClaimed) {
       for (int k = 0;; ++k) {
-        int const item = next_work_item(ss, k);
+        int const item = ss.work.receive(k);  // >= num_columns: the CTA is done
         if (item >= sched.num_columns()) { break; }
         body(item);
       }
@@ -101,11 +91,7 @@ struct BwdMainKernel {
     int item = sched.item(blockIdx.x, 0);
     for (int k = 0;; ++k) {
       if constexpr (Schedule::kClaimed) {
-        // Publish the item (mbarrier arrive has release semantics for the st.shared).
-        int const slot = k & 1;
-        ptx::mbar_wait(&ss.bar_work_empty[slot], ((k >> 1) & 1) ^ 1);
-        ss.work_item[slot] = item;
-        ptx::mbar_arrive(&ss.bar_work_full[slot]);
+        ss.work.publish(k, item);
       }
       if (item >= num_columns) { break; }
 
@@ -518,10 +504,7 @@ __global__ void __launch_bounds__(Traits::NumThreads, 1)
     ptx::mbar_init(&ss.bar_k_empty, Traits::NumMmaThreads);
     ptx::mbar_init(&ss.bar_v_empty, Traits::NumMmaThreads);
     // Work ring: the producer publishes; every MMA thread and both dQ writer warps consume.
-    for (int s = 0; s < 2; ++s) {
-      ptx::mbar_init(&ss.bar_work_full[s], 1);
-      ptx::mbar_init(&ss.bar_work_empty[s], Traits::NumMmaThreads + 2 * 32);
-    }
+    ss.work.init(Traits::NumMmaThreads + 2 * 32);
     for (int s = 0; s < Traits::kStagesQ; ++s) {
       ptx::mbar_init(&ss.bar_q_full[s], 1);
       ptx::mbar_init(&ss.bar_q_empty[s], Traits::NumMmaThreads);

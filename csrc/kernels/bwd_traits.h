@@ -10,6 +10,7 @@
 
 #include "generated/tile_config.h"
 #include "kernels/bwd_params.h"
+#include "kernels/work_ring.h"
 #include "schedule/schedule.h"
 
 namespace dash {
@@ -140,9 +141,7 @@ struct BwdTraits {
     uint64_t bar_q_empty[kStagesQ];
     uint64_t bar_do_full[kStagesdO];
     uint64_t bar_do_empty[kStagesdO];
-    uint64_t bar_work_full[2];   // producer -> MMA warpgroups + dQ writer: next column
-    uint64_t bar_work_empty[2];
-    int work_item[2];
+    WorkRing work;  // producer -> MMA warpgroups + dQ writers: the CTA's next column
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= 227 * 1024, "shared storage exceeds the sm_90 per-block limit");

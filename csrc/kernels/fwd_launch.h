@@ -49,7 +49,7 @@ void run_fwd_impl(FwdParams const& p, cudaStream_t stream) {
   if (p.out == nullptr || p.lse == nullptr || p.tile_counter == nullptr) {
     throw std::invalid_argument("DASH forward: out, lse and tile_counter are required");
   }
-  int const num_m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
+  int const num_m_blocks = ceil_div_int(p.seqlen_q, kBlockM);
   int64_t const num_bh = int64_t(p.batch) * p.num_heads;
   int64_t const num_tiles = num_bh * num_m_blocks;
   if (num_tiles > INT_MAX / 2) {
@@ -83,11 +83,11 @@ void run_fwd_impl(FwdParams const& p, cudaStream_t stream) {
   mp.out_strides = p.out_strides;
   mp.lse = p.lse;
   mp.softmax_scale_log2 = float(double(p.softmax_scale) * M_LOG2E);
-  mp.seqlen_q = p.seqlen_q;
-  mp.seqlen_k = p.seqlen_k;
+  mp.geo.seqlen_q = p.seqlen_q;
+  mp.geo.seqlen_k = p.seqlen_k;
+  mp.geo.causal = Is_causal;
   mp.num_heads = p.num_heads;
   mp.heads_per_kv_head = p.num_heads / p.num_heads_k;
-  mp.num_n_blocks = (p.seqlen_k + kBlockN - 1) / kBlockN;
   mp.order.num_m_blocks = num_m_blocks;
   mp.order.num_bh = int(num_bh);
   mp.order.section_heads = fwd_section_heads(p.seqlen_k, kHeadDim, eb, mp.heads_per_kv_head, int(num_bh));

@@ -43,18 +43,6 @@ struct FwdMainKernel {
   static constexpr bool Is_causal = Traits::Is_causal;
   using KVState = PipelineState<Traits::kStages>;
 
-  // KV blocks [0, n_end) of Q tile m hold at least one visible key. 0 when no query row of
-  // the tile sees a key (causal with seqlen_q > seqlen_k): the tile's O is 0, its LSE -inf.
-  static __device__ __forceinline__ int n_block_end(Params const& p, int m) {
-    if constexpr (Is_causal) {
-      int const last_visible_key = (m + 1) * kBlockM - 1 + p.seqlen_k - p.seqlen_q;  // of the tile's last row
-      int const n_end = last_visible_key < 0 ? 0 : last_visible_key / kBlockN + 1;
-      return n_end < p.num_n_blocks ? n_end : p.num_n_blocks;
-    } else {
-      return p.num_n_blocks;
-    }
-  }
-
   // ---------------------------------------------------------------------------------------
   // Producer: one elected lane of warp 0.
   // ---------------------------------------------------------------------------------------
@@ -76,16 +64,12 @@ struct FwdMainKernel {
     uint32_t q_phase = 0;
     int t = blockIdx.x;
     for (int k = 0;; ++k) {
-      // Publish the CTA's k-th item (the mbarrier arrive releases the st.shared).
-      int const slot = k & 1;
-      ptx::mbar_wait(&ss.bar_work_empty[slot], ((k >> 1) & 1) ^ 1);
-      ss.work_item[slot] = t;
-      ptx::mbar_arrive(&ss.bar_work_full[slot]);
+      ss.work.publish(k, t);
       if (t >= p.order.num_tiles) { break; }
       auto const tile = p.order.tile(t);
       // Claimed as soon as this tile's loads are issued (one tile ahead of the MMA).
       int const next = int(gridDim.x) + atomicAdd(p.tile_counter, 1);
-      int const n_end = n_block_end(p, tile.m);
+      int const n_end = p.geo.n_end(tile.m);  // 0: no row of the tile sees a key
       if (n_end == 0) {
         t = next;
         continue;
@@ -118,15 +102,6 @@ struct FwdMainKernel {
       }
       t = next;
     }
-  }
-
-  // Reader side of the producer's work ring: the CTA's k-th work item (>= num_tiles: done).
-  static __device__ __forceinline__ int next_work_item(SharedStorage& ss, int k) {
-    int const slot = k & 1;
-    ptx::mbar_wait(&ss.bar_work_full[slot], (k >> 1) & 1);
-    int const item = ss.work_item[slot];
-    ptx::mbar_arrive(&ss.bar_work_empty[slot]);
-    return item;
   }
 
   // ---------------------------------------------------------------------------------------
@@ -203,16 +178,9 @@ struct FwdMainKernel {
     for (int i = 0; i < size(s); ++i) {
       int const key = key0 + get<1>(tScS(i));
       int const query = query0 + get<0>(tScS(i));
-      bool const masked = key >= p.seqlen_k || (Is_causal && key > query + p.seqlen_k - p.seqlen_q);
+      bool const masked = key >= p.geo.seqlen_k || (Is_causal && key > query + p.geo.seqlen_k - p.geo.seqlen_q);
       if (masked) { s(i) = -INFINITY; }
     }
-  }
-
-  static __device__ __forceinline__ bool block_needs_mask(Params const& p, int m, int n) {
-    int const last_key = (n + 1) * kBlockN - 1;
-    bool const past_end = last_key >= p.seqlen_k;
-    bool const past_diagonal = Is_causal && last_key > m * kBlockM + p.seqlen_k - p.seqlen_q;
-    return past_end || past_diagonal;
   }
 
   // ---------------------------------------------------------------------------------------
@@ -245,11 +213,13 @@ struct FwdMainKernel {
     KVState kv;
     uint32_t q_phase = 0;
     for (int k = 0;; ++k) {
-      int const t = next_work_item(ss, k);
+      int const t = ss.work.receive(k);  // >= num_tiles: the CTA is done
       if (t >= p.order.num_tiles) { break; }
       auto const tile = p.order.tile(t);
       int const m = tile.m;
-      int const n_end = n_block_end(p, m);
+      // KV blocks [0, n_end) hold a visible key; 0 when no row does (causal, seqlen_q >
+      // seqlen_k): the tile's O is then 0 and its LSE -inf.
+      int const n_end = p.geo.n_end(m);
 
       Tensor tOrO = partition_fragment_C(tiled_mma_pv, Shape<Int<kBlockM>, Int<kHeadDim>>{});
       clear(tOrO);
@@ -269,7 +239,7 @@ struct FwdMainKernel {
         warpgroup_wait<0>();
         ptx::mbar_arrive(&ss.bar_k_empty[kv.index]);
         if (n_end == 1) { ptx::mbar_arrive(&ss.bar_q_empty); }  // last read of this tile's Q
-        if (block_needs_mask(p, m, n_end - 1)) { apply_mask(p, tSrS, tScS, m, n_end - 1); }
+        if (p.geo.needs_mask(m, n_end - 1)) { apply_mask(p, tSrS, tScS, m, n_end - 1); }
         online_softmax<true>(tSrS, row_max, max_scaled, row_sum, rescale, scale_log2);
         Tensor tOrP = detail::convert_fragment<Element>(tSrS);
         Tensor tOrP_A = make_tensor(tOrP.data(), detail::acc_layout_as_A_regs(tSrS.layout()));
@@ -288,7 +258,7 @@ struct FwdMainKernel {
           warpgroup_wait<1>();  // S_n done
           ptx::mbar_arrive(&ss.bar_k_empty[kv.index]);
           if (n == 0) { ptx::mbar_arrive(&ss.bar_q_empty); }
-          if (block_needs_mask(p, m, n)) { apply_mask(p, tSrS, tScS, m, n); }
+          if (p.geo.needs_mask(m, n)) { apply_mask(p, tSrS, tScS, m, n); }
           online_softmax<false>(tSrS, row_max, max_scaled, row_sum, rescale, scale_log2);
           warpgroup_wait<0>();  // O += P V done: P's registers and V_{n+1} are free
           ptx::mbar_arrive(&ss.bar_v_empty[kv_prev.index]);
@@ -324,13 +294,13 @@ struct FwdMainKernel {
       int const b = tile.bh / p.num_heads, h = tile.bh - b * p.num_heads;
       Element* out = p.out + int64_t(b) * p.out_strides.batch + int64_t(h) * p.out_strides.head;
       int const row0 = m * kBlockM;
-      store_acc_rows_16B(tOrO, tOcO, 1.0f, out, p.out_strides.row, row0, p.seqlen_q);
+      store_acc_rows_16B(tOrO, tOcO, 1.0f, out, p.out_strides.row, row0, p.geo.seqlen_q);
       if (threadIdx.x % 4 == 0) {
-        float* lse_bh = p.lse + int64_t(tile.bh) * p.seqlen_q;
+        float* lse_bh = p.lse + int64_t(tile.bh) * p.geo.seqlen_q;
         CUTLASS_PRAGMA_UNROLL
         for (int r = 0; r < 2; ++r) {
           int const row = row0 + get<0>(tOcO(2 * r));  // values 0 and 2: row halves 0 and 1
-          if (row < p.seqlen_q) { lse_bh[row] = lse[r]; }
+          if (row < p.geo.seqlen_q) { lse_bh[row] = lse[r]; }
         }
       }
     }
@@ -358,10 +328,7 @@ __global__ void __launch_bounds__(Traits::NumThreads, 1)
       ptx::mbar_init(&ss.bar_v_full[s], 1);
       ptx::mbar_init(&ss.bar_v_empty[s], Traits::NumMmaThreads);
     }
-    for (int s = 0; s < 2; ++s) {
-      ptx::mbar_init(&ss.bar_work_full[s], 1);
-      ptx::mbar_init(&ss.bar_work_empty[s], Traits::NumMmaThreads);
-    }
+    ss.work.init(Traits::NumMmaThreads);
     ptx::fence_mbar_init();
   }
   __syncthreads();

@@ -10,6 +10,8 @@
 
 #include "generated/tile_config.h"
 #include "kernels/fwd_params.h"
+#include "kernels/work_ring.h"
+#include "schedule/schedule.h"  // TileGeometryT
 
 namespace dash {
 
@@ -113,9 +115,7 @@ struct FwdTraits {
     uint64_t bar_k_empty[kStages];
     uint64_t bar_v_full[kStages];
     uint64_t bar_v_empty[kStages];
-    uint64_t bar_work_full[2];  // producer -> MMA warpgroups: the CTA's next work item
-    uint64_t bar_work_empty[2];
-    int work_item[2];
+    WorkRing work;  // producer -> MMA warpgroups: the CTA's next Q tile
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= 227 * 1024, "shared storage exceeds the sm_90 per-block limit");
@@ -128,9 +128,8 @@ struct FwdTraits {
     BSHDStrides out_strides;
     float* lse;  // (b, h, seqlen_q) contiguous
     float softmax_scale_log2;
-    int seqlen_q, seqlen_k;
+    TileGeometryT<StaticBlocks<kBlockM, kBlockN>> geo;  // KV blocks per Q tile, which blocks need a mask
     int num_heads, heads_per_kv_head;
-    int num_n_blocks;
     FwdTileOrder order;
     int* tile_counter;  // work items claimed beyond the first gridDim.x; zero at launch
   };

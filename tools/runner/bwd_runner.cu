@@ -425,24 +425,10 @@ class BackwardPass final : public TimedPass {
       p.dk_strides = p.dv_strides = kv_strides;
     }
 
-    // One workspace, carved as csrc/torch_binding.cpp carves it: every region rounded up to
-    // 4 floats so that each starts 16-byte aligned. The preprocess kernel initialises it on
-    // every call, so it is never cleared here.
-    dash::BwdWorkspaceSizes const ws = dash::bwd_workspace_sizes(p);
-    auto const round4 = [](size_t n) { return (n + 3) / 4 * 4; };
-    size_t const total = round4(ws.lse_log2_floats) + round4(ws.dpsum_floats) + round4(ws.dq_accum_floats) +
-                         round4(ws.semaphore_ints) + round4(ws.counter_ints);
-    workspace_ = DeviceBuffer(total * sizeof(float), "the backward workspace");
-    float* base = workspace_.as<float>();
-    p.lse_log2 = base;
-    base += round4(ws.lse_log2_floats);
-    p.dpsum = base;
-    base += round4(ws.dpsum_floats);
-    p.dq_accum = base;
-    base += round4(ws.dq_accum_floats);
-    p.dq_semaphore = reinterpret_cast<int*>(base);
-    base += round4(ws.semaphore_ints);
-    p.counters = reinterpret_cast<int*>(base);
+    // One workspace, carved by the library as for the torch op. The preprocess kernel
+    // initialises it on every call, so it is never cleared here.
+    workspace_ = DeviceBuffer(dash::bwd_workspace_bytes(p), "the backward workspace");
+    dash::bwd_set_workspace(p, workspace_.get());
   }
 
   std::string describe() const override {

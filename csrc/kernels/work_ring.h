@@ -1,0 +1,44 @@
+// The two-slot ring in shared memory through which a persistent kernel's producer hands the
+// CTA's next work item to the threads that consume it (forward and backward alike). The
+// producer decides (claims from a global counter, or steps a static list) and every consumer
+// reads the same sequence, so all roles process the same items in the same order.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/ptx.h"
+
+namespace dash {
+
+struct WorkRing {
+  uint64_t full[2];
+  uint64_t empty[2];
+  int item[2];
+
+  // One elected thread, before the CTA-wide barrier that follows barrier initialisation.
+  __device__ __forceinline__ void init(uint32_t num_consumers) {
+    for (int s = 0; s < 2; ++s) {
+      ptx::mbar_init(&full[s], 1);
+      ptx::mbar_init(&empty[s], num_consumers);
+    }
+  }
+
+  // Producer: the CTA's k-th item (the mbarrier arrive releases the st.shared).
+  __device__ __forceinline__ void publish(int k, int value) {
+    int const slot = k & 1;
+    ptx::mbar_wait(&empty[slot], ((k >> 1) & 1) ^ 1);
+    item[slot] = value;
+    ptx::mbar_arrive(&full[slot]);
+  }
+
+  // Consumer: the CTA's k-th item; every consumer thread calls it once per k.
+  __device__ __forceinline__ int receive(int k) {
+    int const slot = k & 1;
+    ptx::mbar_wait(&full[slot], (k >> 1) & 1);
+    int const value = item[slot];
+    ptx::mbar_arrive(&empty[slot]);
+    return value;
+  }
+};
+
+}  // namespace dash

@@ -52,7 +52,7 @@ def _kernel(probe, name, p: Problem, ctas: int, det: bool = True):
     stride = -(-K // ctas)
     items = np.full(ctas * stride, -1, dtype=np.int32)
     count = probe.dash_schedule_probe(KERNEL_KINDS[name], p.seqlen_q, p.seqlen_k, bm, bn, int(p.causal), p.head_dim,
-                                      p.heads_q, p.batch, int(det), ctas, _ptr(cols), _ptr(steps), _ptr(visit),
+                                      p.heads_q, p.heads_kv, p.batch, int(det), ctas, _ptr(cols), _ptr(steps), _ptr(visit),
                                       _ptr(turns), _ptr(items), stride)
     return count, cols.reshape(-1, 3), steps, visit.reshape(K, M), turns.reshape(K, M), items.reshape(ctas, stride)
 
@@ -87,6 +87,16 @@ def test_claimed_kernel_schedules_equal_the_model(probe, name, sq, sk, hdim, cau
     _check(probe, name, Problem(2, 3, sq, sk, head_dim=hdim, causal=causal), 7)
 
 
+@pytest.mark.parametrize("name", ["fa3", "interleaved", "descending"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("heads, heads_kv", [(4, 2), (6, 2), (8, 1), (32, 8)])
+@pytest.mark.parametrize("sq, sk", [(239, 1), (1000, 777), (1023, 1024), (128, 4096)])
+def test_claimed_kernel_schedules_equal_the_model_gqa(probe, name, sq, sk, causal, heads, heads_kv):
+    """GQA: the kernel spreads the query heads of a KV group over the claim order exactly as
+    the model does (``head_slots``)."""
+    _check(probe, name, Problem(2, heads, sq, sk, head_dim=128, heads_kv=heads_kv, causal=causal), 7)
+
+
 @pytest.mark.parametrize("sq, sk", [(s, k) for s, k in SHAPES if -(-s // 64) >= min(-(-k // 128), 7)])
 @pytest.mark.parametrize("ctas", [1, 3, 7, 132])
 @pytest.mark.parametrize("hdim", [64, 128])
@@ -100,9 +110,12 @@ def test_shift_kernel_schedule_equals_the_model(probe, sq, sk, hdim, ctas):
 
 @settings(max_examples=60, deadline=None)
 @given(sq=st.integers(1, 3000), sk=st.integers(1, 3000), causal=st.booleans(), hdim=st.sampled_from([64, 128]),
-       name=st.sampled_from(["fa3", "interleaved", "descending"]), heads=st.integers(1, 5), batch=st.integers(1, 3))
-def test_claimed_kernel_schedules_equal_the_model_random_shapes(probe, sq, sk, causal, hdim, name, heads, batch):
-    _check(probe, name, Problem(batch, heads, sq, sk, head_dim=hdim, causal=causal), 5)
+       name=st.sampled_from(["fa3", "interleaved", "descending"]), heads_kv=st.integers(1, 4), group=st.integers(1, 4),
+       batch=st.integers(1, 3))
+def test_claimed_kernel_schedules_equal_the_model_random_shapes(probe, sq, sk, causal, hdim, name, heads_kv, group,
+                                                                batch):
+    p = Problem(batch, heads_kv * group, sq, sk, head_dim=hdim, heads_kv=heads_kv, causal=causal)
+    _check(probe, name, p, 5)
 
 
 @settings(max_examples=40, deadline=None)

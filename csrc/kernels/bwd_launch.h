@@ -238,10 +238,10 @@ void run_bwd_impl(BwdParams const& p, cudaStream_t stream) {
       // The waves are planned for the grid actually launched (the bits depend on it).
       launch(make_shift_schedule(kgeo, p.num_heads, p.batch, num_ctas));
     } else {
-      launch(make_claimed_schedule(p.schedule, kgeo, kHeadDim, p.num_heads, p.batch, p.deterministic));
+      launch(make_claimed_schedule(p.schedule, kgeo, kHeadDim, p.num_heads, p.num_heads_k, p.batch, p.deterministic));
     }
   } else {
-    launch(make_claimed_schedule(p.schedule, kgeo, kHeadDim, p.num_heads, p.batch, p.deterministic));
+    launch(make_claimed_schedule(p.schedule, kgeo, kHeadDim, p.num_heads, p.num_heads_k, p.batch, p.deterministic));
   }
 
   bwd_convert_dq_kernel<Traits><<<tile_grid, Traits::NumMmaThreads, 0, stream>>>(pp);

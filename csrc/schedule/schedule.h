@@ -148,21 +148,28 @@ struct ColumnCoord {
 // staircase of waits of FA3's order (every column of a wave waiting at the same first tile)
 // disappears; sections keep the heads in flight within L2.
 //
+// GQA: within a batch, query head h = kv * G + j (G query heads per KV head) takes slot
+// j * heads_kv + kv of the head order: the heads of one KV group, which reduce-add into the
+// same dK/dV tiles in the fixed order j, are heads_kv slots apart rather than adjacent (adjacent,
+// they finish a column together and queue on that order). Without GQA slot == head.
+//
 // Visits: ascending from m_begin(n), or descending from M-1 (the paper's descending Q-tile
 // iteration). Turns: ascending column order (turn = n), or under a causal mask descending
 // (turn = n_end(m) - 1 - n, FA3's order for its shortest-first columns).
 //
 // Every turn depends on (m, n) only, so the bits are independent of the grid size. Every
 // wait points to a column of the same head that precedes the waiting one in the item
-// order (ascending turns with n = k, descending turns with n = N-1-k); items are claimed in
-// increasing L, so the smallest unfinished item is held by a running CTA and never waits:
-// deadlock-free for any number of CTAs >= 1.
+// order (ascending turns with n = k, descending turns with n = N-1-k), or (GQA dK/dV) to
+// the same column of query head j - 1 of the group, whose slot is heads_kv smaller; items
+// are claimed in increasing L, so the smallest unfinished item is held by a running CTA and
+// never waits: deadlock-free for any number of CTAs >= 1.
 template <class Geometry = TileGeometry>
 struct ClaimedSchedule {
   static constexpr bool kClaimed = true;
   static constexpr bool kPortable = true;
   Geometry geo;
   int num_heads = 0, num_batch = 0;
+  int heads_per_group = 1;  // query heads per KV head (GQA); 1 without
   int section_heads = 1;
   bool shortest_first = false;
   bool visit_descending = false;
@@ -177,11 +184,14 @@ struct ClaimedSchedule {
     int const in_section = L - section * section_heads * N;
     int const width = min_int(section_heads, batch_heads - section * section_heads);
     int const k = in_section / width;
-    int const hd = section * section_heads + (in_section - k * width);
+    int const slot = section * section_heads + (in_section - k * width);
     ColumnCoord c;
     c.n = shortest_first ? N - 1 - k : k;
-    c.h = hd % num_heads;
-    c.b = hd / num_heads;
+    c.b = slot / num_heads;
+    int const s = slot - c.b * num_heads;  // s = j * heads_kv + kv -> h = kv * G + j
+    int const heads_kv = num_heads / heads_per_group;
+    int const j = s / heads_kv;
+    c.h = (s - j * heads_kv) * heads_per_group + j;
     return c;
   }
   DASH_HOST_DEVICE int num_steps(ColumnCoord c) const { return max_int(geo.m_end(c.n) - geo.m_begin(c.n), 0); }
@@ -252,10 +262,12 @@ enum class BwdScheduleKind : int { kFa3 = 0, kInterleaved = 1, kDescending = 2, 
 // but takes the longest columns first (balances the tail); its turns are unused.
 template <class Geometry>
 DASH_HOST_DEVICE ClaimedSchedule<Geometry> make_claimed_schedule(BwdScheduleKind kind, Geometry geo, int head_dim,
-                                                                 int num_heads, int num_batch, bool deterministic) {
+                                                                 int num_heads, int num_heads_k, int num_batch,
+                                                                 bool deterministic) {
   ClaimedSchedule<Geometry> s;
   s.geo = geo;
   s.num_heads = num_heads;
+  s.heads_per_group = num_heads / num_heads_k;
   s.num_batch = num_batch;
   s.section_heads = kind == BwdScheduleKind::kFa3
                         ? 1

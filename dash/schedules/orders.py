@@ -142,7 +142,7 @@ class Plan:
         K = items.shape[1]
         flat = np.arange(t.batch * t.heads * K)
         if rc.dispatch == "claim":
-            flat = flat[np.argsort(claim_rank(t.batch * t.heads, K, self.section_heads), kind="stable")]
+            flat = claim_order(t.batch, t.heads, t.problem.heads_kv, K, self.section_heads)
         head, k = flat // K, flat % K
         b, h = head // t.heads, head % t.heads
         rows = [(int(b[i]), int(h[i]), int(items[b[i], k[i], r])) for i in range(len(flat)) for r in (0, 1)
@@ -209,11 +209,12 @@ def l2_section_heads(seqlen_q: int, head_dim: int, batch_heads: int) -> int:
 
 
 def claim_rank(num_heads: int, per_head: int, section_heads: int) -> np.ndarray:
-    """Claim position of every item (flat index ``head * per_head + k``).
+    """Claim position of every item (flat index ``slot * per_head + k``, where ``slot`` is the
+    head's place in the claim order, ``head_slots``).
 
-    ``section_heads == 1``: ``L = k + per_head * head`` (FA3's order, the column fastest).
-    Otherwise heads are cut into sections of ``section_heads`` consecutive heads (the last one
-    may be narrower); inside a section the head varies fastest and ``k`` slowest, so
+    ``section_heads == 1``: ``L = k + per_head * slot`` (FA3's order, the column fastest).
+    Otherwise slots are cut into sections of ``section_heads`` consecutive slots (the last one
+    may be narrower); inside a section the slot varies fastest and ``k`` slowest, so
     consecutive items are the same column rank of different heads (FA4's launch order).
     """
     flat = np.arange(num_heads * per_head, dtype=np.int64)
@@ -222,6 +223,28 @@ def claim_rank(num_heads: int, per_head: int, section_heads: int) -> np.ndarray:
     section = head // sw
     width = np.minimum(sw, num_heads - section * sw)
     return section * sw * per_head + k * width + (head - section * sw)
+
+
+def head_slots(batch: int, heads: int, heads_kv: int) -> np.ndarray:
+    """``(batch * heads,)``: the place of head ``b*H + h`` in the claim order.
+
+    Within a batch, query head ``h = kv * G + j`` (``G = heads // heads_kv`` heads per KV
+    head) takes slot ``j * heads_kv + kv``: the query heads of one KV group are ``heads_kv``
+    slots apart instead of adjacent. They reduce-add into the same dK/dV tiles in a fixed
+    order (``j``); adjacent, they would finish a column together and queue on that order.
+    With ``G == 1`` (no GQA) slot == head. Twin of ``ClaimedSchedule::column``."""
+    g = heads // max(1, heads_kv)
+    hd = np.arange(batch * heads, dtype=np.int64)
+    b, h = hd // heads, hd % heads
+    return b * heads + (h % g) * heads_kv + h // g
+
+
+def claim_order(batch: int, heads: int, heads_kv: int, per_head: int, section_heads: int) -> np.ndarray:
+    """Flat items ``head * per_head + k`` in the order they are claimed."""
+    slots = head_slots(batch, heads, heads_kv)
+    flat = np.arange(batch * heads * per_head, dtype=np.int64)
+    rank = claim_rank(batch * heads, per_head, section_heads)[slots[flat // per_head] * per_head + flat % per_head]
+    return np.argsort(rank, kind="stable")
 
 
 def _claim(lengths: np.ndarray, ctas: int) -> tuple[np.ndarray, np.ndarray]:
@@ -246,15 +269,18 @@ def _claim(lengths: np.ndarray, ctas: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _dispatch(num_heads: int, per_head: int, ctas: int, mode: str, group: int,
-              lengths: np.ndarray | None = None, section_heads: int = 1) -> dict[str, np.ndarray]:
+              lengths: np.ndarray | None = None, section_heads: int = 1,
+              heads_per_batch: int | None = None, heads_kv: int | None = None) -> dict[str, np.ndarray]:
     """CTA, position, epoch and slot of every item, flat index ``head * per_head + k``.
     ``lengths`` (items,): steps per item, used by the ``claim`` dispatch, which claims the
-    items in ``claim_rank`` order with ``section_heads``."""
+    items in ``claim_order`` (``section_heads``; ``heads_per_batch`` query heads and
+    ``heads_kv`` KV heads per batch, default: no GQA)."""
     flat = np.arange(num_heads * per_head, dtype=np.int64)
     head, k = flat // per_head, flat % per_head
     if mode == "claim":
         lens = lengths if lengths is not None else np.ones(len(flat))
-        order = np.argsort(claim_rank(num_heads, per_head, section_heads), kind="stable")
+        H = heads_per_batch or num_heads
+        order = claim_order(num_heads // H, H, heads_kv or H, per_head, section_heads)
         cta, pos = np.empty_like(flat), np.empty_like(flat)
         cta[order], pos[order] = _claim(np.asarray(lens)[order], ctas)
         return {"cta": cta, "pos": pos, "epoch": pos, "slot": np.zeros_like(flat), "head": head}
@@ -446,8 +472,9 @@ def _build(tiling: Tiling, name: str, rc: Recipe, ctas: int, launch: int, sectio
         lengths = np.broadcast_to(steps.reshape(B, 1, K), (B, H, K)).reshape(-1)
     sw = (section_heads or section_heads_for(tiling)) if rc.sections else 1
     sw = min(sw, B * H)
-    plan_d = _dispatch(B * H, K, ctas, rc.dispatch, rc.group, lengths, sw)
-    run_d = plan_d if launch == ctas else _dispatch(B * H, K, launch, rc.dispatch, rc.group, lengths, sw)
+    Hk = tiling.problem.heads_kv
+    plan_d = _dispatch(B * H, K, ctas, rc.dispatch, rc.group, lengths, sw, H, Hk)
+    run_d = plan_d if launch == ctas else _dispatch(B * H, K, launch, rc.dispatch, rc.group, lengths, sw, H, Hk)
 
     # One row per (item, role) with a column, in execution order: CTA, then position, then role.
     head = plan_d["head"]

@@ -51,7 +51,7 @@ extern "C" {
 
 // kind: dash::BwdScheduleKind. Returns the number of items.
 int dash_schedule_probe(int kind, int seqlen_q, int seqlen_k, int block_m, int block_n, int causal, int head_dim,
-                        int heads, int batch, int deterministic, int ctas, int* columns, int* num_steps, int* visit,
+                        int heads, int heads_k, int batch, int deterministic, int ctas, int* columns, int* num_steps, int* visit,
                         int* turns, int* items, int items_stride) {
   dash::TileGeometry const geo = make_geometry(seqlen_q, seqlen_k, block_m, block_n, causal);
   auto const k = static_cast<dash::BwdScheduleKind>(kind);
@@ -59,7 +59,7 @@ int dash_schedule_probe(int kind, int seqlen_q, int seqlen_k, int block_m, int b
     return probe(dash::make_shift_schedule(geo, heads, batch, ctas), ctas, columns, num_steps, visit, turns, items,
                  items_stride);
   }
-  return probe(dash::make_claimed_schedule(k, geo, head_dim, heads, batch, deterministic != 0), ctas, columns,
+  return probe(dash::make_claimed_schedule(k, geo, head_dim, heads, heads_k, batch, deterministic != 0), ctas, columns,
                num_steps, visit, turns, items, items_stride);
 }
 

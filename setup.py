@@ -229,7 +229,7 @@ def _extension_kwargs() -> dict:
     # all rendered from dash/config.py for this build's choice.
     units = dash_config.write_generated(str(GENERATED_DIR), hdims, [DTYPE_NAMES[t] for t in dtypes])
 
-    sources = ["csrc/torch_binding.cpp", "csrc/bwd_dispatch.cpp", "csrc/fwd_dispatch.cpp"]
+    sources = ["csrc/torch_binding.cpp", "csrc/autograd.cpp", "csrc/bwd_dispatch.cpp", "csrc/fwd_dispatch.cpp"]
     sources += [str(Path(u).relative_to(ROOT)) for u in units]
     # No -std flag: torch's BuildExtension adds the C++ standard its own headers need
     # (C++17 up to torch 2.13, C++20 from 2.14), for the host compiler and nvcc alike.

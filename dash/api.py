@@ -83,8 +83,9 @@ def flash_attn_func(
     Returns out (batch, seqlen_q, heads, head_dim), or (out, softmax_lse) with
     return_attn_probs=True; softmax_lse is float32 (batch, heads, seqlen_q). As in FA3,
     softmax_lse is for inspection: no gradient flows back through it (a gradient arriving
-    at it is ignored, so a loss that uses it gets incomplete gradients for q and k; see
-    ``dash.ops._fwd_backward``).
+    at it is ignored, so a loss that uses it gets incomplete gradients for q and k: a loss
+    on it alone gives no gradient to q, k, v; a loss on out and softmax_lse gets out's part
+    only; DASH cannot tell without a device sync whether the arriving gradient is zero).
     """
     reject_unsupported_fa3_arguments(qv=qv, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
                                      attention_chunk=attention_chunk, num_splits=num_splits)

@@ -4,9 +4,12 @@ Ops (registered with ``torch.library`` so ``torch.compile`` traces them):
 
 * ``dash::fwd``  -- DASH's Hopper forward (C++/CUDA, registered by ``dash._C``). Returns
   (out, lse) in FA3's layout and LSE convention (natural log of sum_j exp(scale * s_ij);
-  -inf for rows that see no key). This module gives it a fake and its autograd, which runs
+  -inf for rows that see no key). This module gives it a fake; its autograd runs
   ``dash::bwd``; ``deterministic``, ``schedule`` and ``sm_margin`` travel with the op for
-  the backward.
+  the backward. Its autograd is C++ (csrc/autograd.cpp): the backward node calls
+  ``dash::bwd`` through the dispatcher, so torch.compile traces both ops. The LSE output
+  gets no gradient, as in FA3: a gradient arriving at it is ignored (see
+  ``dash.api.flash_attn_func``).
 * ``dash::bwd``  -- DASH's Hopper backward (C++/CUDA, registered by ``dash._C``),
   deterministic or not; ``dash::bwd_trace`` is the same with the kernel's step trace. This
   module gives both their fake (meta) implementations.
@@ -106,38 +109,10 @@ def _fwd_fake(q, k, v, softmax_scale, causal, deterministic, schedule, sm_margin
     )
 
 
-def _fwd_setup_context(ctx, inputs, output) -> None:
-    q, k, v, softmax_scale, causal, deterministic, schedule, sm_margin = inputs
-    out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse)
-    ctx.softmax_scale = softmax_scale
-    ctx.causal = causal
-    ctx.deterministic = deterministic
-    ctx.schedule = schedule
-    ctx.sm_margin = sm_margin
-
-
-def _fwd_backward(ctx, dout: Tensor, dlse: Optional[Tensor]):
-    """Autograd of ``dash::fwd``: dq, dk, dv from ``dout`` by ``dash::bwd``.
-
-    The LSE output gets no gradient, as in FA3: ``dlse`` (the gradient arriving at the
-    returned softmax_lse, None or zeros when nothing used it) is ignored. A loss that
-    depends on the LSE (for example a z-loss on it, or attention merged across chunks by
-    their LSEs) therefore gets wrong gradients for q and k -- silently: telling a zero
-    ``dlse`` from a non-zero one would need a device sync on every backward, so DASH does
-    not check. Such a loss needs the LSE's gradient term, which neither FA3 nor DASH computes.
-    """
-    q, k, v, out, lse = ctx.saved_tensors
-    dq, dk, dv = torch.ops.dash.bwd(
-        dout.contiguous(), q, k, v, out, lse, ctx.softmax_scale, ctx.causal, ctx.deterministic, ctx.schedule,
-        ctx.sm_margin,
-    )
-    return dq, dk, dv, None, None, None, None, None
-
-
 if _ext.kernels_available():  # the C++ schemas exist only when dash._C loaded
+    # dash::fwd's autograd (the backward node running dash::bwd) is registered in C++
+    # (csrc/autograd.cpp): a Python one cost more host time per call than the kernels.
     torch.library.register_fake("dash::fwd")(_fwd_fake)
-    torch.library.register_autograd("dash::fwd", _fwd_backward, setup_context=_fwd_setup_context)
 
     @torch.library.register_fake("dash::bwd")
     def _bwd_fake(dout, q, k, v, out, softmax_lse, softmax_scale, causal, deterministic, schedule, sm_margin):
@@ -162,9 +137,7 @@ def run_forward(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: b
     """``dash::fwd`` (with autograd) on validated inputs; ``schedule`` may be "auto", which
     is resolved here because the backward it is saved for needs a kernel schedule."""
     kernel_schedule = resolve_schedule(schedule, q, k, causal, deterministic, sm_margin)
-    # The autograd registered on dash::fwd (above) is the user path's autograd node. Measured
-    # on CPU with the real C++ op and a stand-in CPU kernel: 9.7 us per call with grad vs 17.6
-    # us for a torch.autograd.Function around the same op (7.5 us without grad).
+    # The autograd registered on dash::fwd in C++ is the user path's autograd node.
     return torch.ops.dash.fwd(q, k, v, float(softmax_scale), causal, deterministic, kernel_schedule, int(sm_margin))
 
 

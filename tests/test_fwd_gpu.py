@@ -173,3 +173,16 @@ def test_cuda_graph_capture_forward_backward(heads):
     eager = step()
     for name, a, b in zip(("out", "dq", "dk", "dv"), captured, eager):
         assert torch.equal(a, b), f"graph replay differs from eager in {name}"
+
+
+def test_lse_gradient_is_ignored_as_documented():
+    """The autograd of dash::fwd (C++): a loss on out and softmax_lse gives q, k, v exactly
+    the gradients of the loss on out alone (the LSE's part is ignored, as in FA3); a loss on
+    the LSE alone gives them none."""
+    q, k, v = (t.requires_grad_() for t in _inputs(1, 300, 300, 4, 2, 64, torch.bfloat16, _seed("lse-grad")))
+    dout = torch.randn_like(q)
+    out, lse = flash_attn_func(q, k, v, causal=True, deterministic=True, return_attn_probs=True)
+    only_out = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+    both = torch.autograd.grad((out, lse), (q, k, v), (dout, torch.randn_like(lse)), retain_graph=True)
+    assert all(torch.equal(a, b) for a, b in zip(only_out, both))
+    assert torch.autograd.grad(lse.sum(), (q, k, v), allow_unused=True) == (None, None, None)

@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 from dash import config as dash_config  # noqa: E402
 from dash._build import resolve_cuda_home, toolkit_headers  # noqa: E402
 
-SOURCES = ("csrc/torch_binding.cpp", "csrc/bwd_dispatch.cpp")
+SOURCES = ("csrc/torch_binding.cpp", "csrc/autograd.cpp", "csrc/bwd_dispatch.cpp", "csrc/fwd_dispatch.cpp")
 
 
 def lower_bound() -> str:

@@ -1,7 +1,10 @@
 """Backward-pass benchmark shared by ``python -m dash bench`` and ``benchmarks/bench_bwd.py``.
 
 One timer: CUDA events around each call, median of ``iters`` timed calls after ``warmup``
-calls, rotating among several input sets so that repeated calls do not measure L2.
+calls, rotating among several input sets so that repeated calls do not measure L2. The
+modes of a row are timed in rounds (every mode once per round), so that clock or thermal
+drift during the row does not favour the mode measured first: two modes running the same
+kernel differed by up to 4 % when each was timed in one block.
 FLOPs are counted FA3's way: forward 4*b*h*sq*sk*d, backward 2.5x forward, halved for a
 causal mask.
 """
@@ -102,6 +105,41 @@ def cuda_time_ms(fn: Callable[[dict], object], sets: list[dict], warmup: int, it
         end.synchronize()
         times.append(start.elapsed_time(end))
     return statistics.median(times)
+
+
+def cuda_time_ms_interleaved(fns: dict[str, Callable[[dict], object]], sets: list[dict], warmup: int, iters: int,
+                             errors: Optional[dict[str, str]] = None) -> dict[str, float]:
+    """Median CUDA-event time of each of ``fns``, timed in rounds (one call of every function
+    per round, in turn) so that clock and thermal drift during a row hits every mode alike
+    instead of favouring whichever ran first. A function that raises is dropped (its error
+    goes to ``errors``) and the others go on."""
+    live = {}
+    for name, fn in fns.items():
+        try:
+            for i in range(warmup):
+                fn(sets[i % len(sets)])
+            torch.cuda.synchronize()
+            live[name] = fn
+        except Exception as e:  # a backend may not support a shape; record it, keep going
+            if errors is not None:
+                errors[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+    times: dict[str, list[float]] = {name: [] for name in live}
+    for i in range(iters):
+        s = sets[i % len(sets)]
+        for name, fn in list(live.items()):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            try:
+                start.record()
+                fn(s)
+                end.record()
+                end.synchronize()
+            except Exception as e:
+                if errors is not None:
+                    errors[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+                del live[name], times[name]
+                continue
+            times[name].append(start.elapsed_time(end))
+    return {name: statistics.median(t) for name, t in times.items() if t}
 
 
 def _dash_backward(deterministic: bool, schedule: str = "fa3") -> Callable[[dict], tuple]:
@@ -244,13 +282,13 @@ def run_rows(shapes: list[Shape], modes: Optional[list[str]] = None, warmup: int
         for s in sets:
             s["causal"] = shape.causal
         row = Row(shape)
+        row.ms = cuda_time_ms_interleaved(chosen, sets, warmup, iters, row.errors)
         for name, fn in chosen.items():
-            try:
-                row.ms[name] = cuda_time_ms(fn, sets, warmup, iters)
-                if is_deterministic_mode(name):
+            if name in row.ms and is_deterministic_mode(name):
+                try:
                     row.bitwise[name] = bitwise_repeatable(fn, sets[0], bitwise_repeats)
-            except Exception as e:  # a backend may not support a shape; record it, keep going
-                row.errors[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+                except Exception as e:
+                    row.errors[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
         log(format_row(row, list(chosen)))
         rows.append(row)
         del sets

@@ -80,10 +80,11 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--bench", action="store_true")
     ap.add_argument("--no-check", action="store_true")
+    ap.add_argument("--hdim", type=int, nargs="*", default=[64, 128])
     args = ap.parse_args()
     all_ok = True
     if not args.no_check:
-        for d in (64, 128):
+        for d in args.hdim:
             for causal in (False, True):
                 all_ok &= case(1, 256, 256, 2, d, causal)
                 all_ok &= case(2, 1000, 777, 3, d, causal)
@@ -98,7 +99,7 @@ if __name__ == "__main__":
         print("SMOKE", "PASS" if all_ok else "FAIL", flush=True)
     if args.bench:
         geo = {}
-        for d in (64, 128):
+        for d in args.hdim:
             for causal in (False, True):
                 for s in (512, 1024, 2048, 4096, 8192, 16384):
                     r = bench(d, causal, s)

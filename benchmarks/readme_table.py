@@ -1,6 +1,8 @@
-"""Print README.md's performance table from a results file of benchmarks/bench_bwd.py.
+"""Print README.md's performance tables from a results file of benchmarks/bench_bwd.py, or with
+--fwd of benchmarks/bench_fwd.py.
 
     python benchmarks/readme_table.py benchmarks/results/2026-11-30-NVIDIA-H200-bwd-fa3.json
+    python benchmarks/readme_table.py --fwd benchmarks/results/2026-11-30-NVIDIA-H200-fwd-fa3-efddef7.json
 
 Cells are backward TFLOP/s (FA3's FLOP convention); the last columns are time ratios from the
 same run. Modes missing from the file are left out.
@@ -60,10 +62,51 @@ def table(path: Path) -> str:
     return "\n".join(out)
 
 
+FWD_COLUMNS = [  # (mode, header): bench_fwd.py's modes
+    ("dash_fwd", "DASH fwd"),
+    ("torch_cudnn_fwd", "cuDNN fwd"),
+    ("fa3_fwd", "FA3 fwd"),
+    ("fa4_fwd", "FA4 fwd"),
+    ("dash_det_fwdbwd", "DASH det fwd+bwd"),
+    ("dash_nondet_fwdbwd", "DASH non-det fwd+bwd"),
+    ("torch_cudnn_fwdbwd", "cuDNN fwd+bwd"),
+    ("fa3_det_fwdbwd", "FA3 det fwd+bwd"),
+    ("fa4_det_fwdbwd", "FA4 det fwd+bwd"),
+]
+FWD_RATIOS = [  # (numerator, denominator, header): time ratios, > 1 when DASH is faster
+    ("dash_fwd", "torch_cudnn_fwd", "DASH / cuDNN (fwd)"),
+    ("dash_fwd", "fa3_fwd", "DASH / FA3 (fwd)"),
+    ("dash_det_fwdbwd", "torch_cudnn_fwdbwd", "DASH det / cuDNN (fwd+bwd)"),
+    ("dash_det_fwdbwd", "fa3_det_fwdbwd", "DASH det / FA3 det (fwd+bwd)"),
+]
+
+
+def fwd_table(path: Path) -> str:
+    rows = json.loads(path.read_text())["rows"]
+    present = lambda m: any(m in r["tflops"] for r in rows)  # noqa: E731
+    cols = [(m, h) for m, h in FWD_COLUMNS if present(m)]
+    ratios = [(a, b, h) for a, b, h in FWD_RATIOS if present(a) and present(b)]
+    out = ["| hd | mask | seqlen | " + " | ".join([h for _, h in cols] + [h for _, _, h in ratios]) + " |",
+           "|---|---|---|" + "---|" * (len(cols) + len(ratios))]
+    for r in rows:
+        s, t = r["shape"], r["tflops"]
+        cells = [f"{t[m]:.0f}" if m in t else "–" for m, _ in cols]
+        cells += [f"{t[a] / t[b]:.2f}" if a in t and b in t else "–" for a, b, _ in ratios]
+        out.append(f"| {s['head_dim']} | {'causal' if s['causal'] else 'full'} | {s['seqlen']} | " + " | ".join(cells) + " |")
+    means = []
+    for a, b, _ in ratios:
+        vals = [r["tflops"][a] / r["tflops"][b] for r in rows if a in r["tflops"] and b in r["tflops"]]
+        means.append(f"{geomean(vals):.3f} (worst {min(vals):.2f})")
+    out.append("| geomean | | | " + " | ".join(["" for _ in cols] + means) + " |")
+    return "\n".join(out)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("results", type=Path)
-    print(table(p.parse_args().results))
+    p.add_argument("--fwd", action="store_true", help="a results file of benchmarks/bench_fwd.py")
+    args = p.parse_args()
+    print(fwd_table(args.results) if args.fwd else table(args.results))
     return 0
 
 

@@ -92,9 +92,14 @@ KERNEL_COSTS: dict[tuple[int, bool], Costs] = {
 }
 DEFAULT_KERNEL_COSTS = KERNEL_COSTS[(128, False)]
 
-#: ``auto`` simulates at most this many waves of columns of the grid (the steady state
-#: repeats), keeping the full problem's L2 sections, so a choice costs milliseconds.
-AUTO_MAX_WAVES = 3
+#: ``auto`` simulates at most this many waves of columns of the grid, keeping the full
+#: problem's L2 sections. 3 waves (the first choice) over-weighted the start-up, where
+#: ``descending`` shines, against the tail: on the H200 grid plus 6 GQA/MQA rows (30 rows,
+#: benchmarks/results/2026-11-30-NVIDIA-H200-bwd-fa3.json and the GQA log), auto named the
+#: measured-best schedule on 6 rows and was > 3 % slower than it on 4 (GQA 32/8 causal 4k-16k,
+#: MQA 8/1); with 10 waves, 12 rows and 2 (hdim 128 causal 512: 0.954, MQA 8/1 causal 8k:
+#: 0.949). A choice then costs up to about 1 s of host time, once per shape (cached).
+AUTO_MAX_WAVES = 10
 
 
 def kernel_costs(head_dim: int, causal: bool) -> Costs:
@@ -109,9 +114,17 @@ def choose_kernel_schedule(batch: int, heads: int, heads_kv: int, seqlen_q: int,
 
     Ranks ``PORTABLE_KERNEL_SCHEDULES`` (ties: the earlier name) on at most
     ``AUTO_MAX_WAVES`` waves of the grid's columns, with the full problem's L2 sections. Cached
-    per shape, so training loops pay it once per shape (a few ms). Without determinism the
-    turns are unused and every order is equally valid; the choice is the same ranking.
+    per shape, so training loops pay it once per shape (up to about 1 s at 16k tokens).
+
+    Without determinism the turns are unused and the model, which prices turn waits, has
+    nothing to rank: ``fa3`` (the columns of one head on consecutive CTAs, longest first) is
+    returned. Measured against the model's pick on the H200 paper grid in one run
+    (benchmarks/results/2026-11-30-NVIDIA-H200-bwd-fa3-efddef7.json, ``dash_nondet_fa3`` vs
+    ``dash_nondet``): 1.05x geometric mean, up to 1.22x at 512 tokens, worst row 0.974 (hdim
+    128 causal 8k).
     """
+    if not deterministic:
+        return "fa3"
     from dash.schedules.orders import l2_section_heads
     from dash.schedules.tiling import Problem
 

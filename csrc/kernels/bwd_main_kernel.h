@@ -16,12 +16,12 @@
 #pragma once
 
 #include <cute/tensor.hpp>
-#include <cutlass/arch/reg_reconfig.h>
 #include <cutlass/numeric_conversion.h>
 
 #include "kernels/acc_store.h"
 #include "kernels/bwd_traits.h"
 #include "kernels/mma_utils.h"
+#include "kernels/persistent_shell.h"
 #include "kernels/ptx.h"
 
 namespace dash {
@@ -59,6 +59,38 @@ struct BwdMainKernel {
         body(item);
       }
     }
+  }
+
+  // ---------------------------------------------------------------------------------------
+  // Shell hooks (kernels/persistent_shell.h): one-time setup and the producer warpgroup's
+  // other warps.
+  // ---------------------------------------------------------------------------------------
+  static constexpr int kProducerRegisters = Traits::kProducerRegisters;
+  static constexpr int kMmaRegisters = Traits::kMmaRegisters;
+
+  static __device__ __forceinline__ void init_shared(Params const& params, SharedStorage& ss) {
+    cute::prefetch_tma_descriptor(params.tma_q.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(params.tma_do.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(params.tma_k.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(params.tma_v.get_tma_descriptor());
+    // Full barriers: one producer arrival (+ TMA bytes). Empty barriers: every MMA thread.
+    ptx::mbar_init(&ss.bar_k_full, 1);
+    ptx::mbar_init(&ss.bar_v_full, 1);
+    ptx::mbar_init(&ss.bar_k_empty, Traits::NumMmaThreads);
+    ptx::mbar_init(&ss.bar_v_empty, Traits::NumMmaThreads);
+    // Work ring: the producer publishes; every MMA thread and both dQ writer warps consume.
+    ss.work.init(Traits::NumMmaThreads + 2 * 32);
+    for (int s = 0; s < Traits::kStagesQ; ++s) {
+      ptx::mbar_init(&ss.bar_q_full[s], 1);
+      ptx::mbar_init(&ss.bar_q_empty[s], Traits::NumMmaThreads);
+      ptx::mbar_init(&ss.bar_do_full[s], 1);
+      ptx::mbar_init(&ss.bar_do_empty[s], Traits::NumMmaThreads);
+    }
+  }
+
+  // Warps 1 and 2 of the producer warpgroup are the dQ writers; warp 3 idles.
+  static __device__ __forceinline__ void producer_warpgroup_warp(Params const& params, SharedStorage& ss, int warp) {
+    if (warp == 1 || warp == 2) { dq_writer(params, ss, warp - 1); }
   }
 
   // ---------------------------------------------------------------------------------------
@@ -488,44 +520,7 @@ struct BwdMainKernel {
 template <class Traits, class Schedule>
 __global__ void __launch_bounds__(Traits::NumThreads, 1)
     bwd_main_kernel(CUTE_GRID_CONSTANT typename Traits::template MainParams<Schedule> const params) {
-  using Kernel = BwdMainKernel<Traits, Schedule>;
-  extern __shared__ __align__(1024) unsigned char smem_raw[];
-  auto& ss = *reinterpret_cast<typename Traits::SharedStorage*>(smem_raw);
-
-  int const warp_idx = threadIdx.x / 32;
-  if (warp_idx == 0 && cute::elect_one_sync()) {
-    cute::prefetch_tma_descriptor(params.tma_q.get_tma_descriptor());
-    cute::prefetch_tma_descriptor(params.tma_do.get_tma_descriptor());
-    cute::prefetch_tma_descriptor(params.tma_k.get_tma_descriptor());
-    cute::prefetch_tma_descriptor(params.tma_v.get_tma_descriptor());
-    // Full barriers: one producer arrival (+ TMA bytes). Empty barriers: every MMA thread.
-    ptx::mbar_init(&ss.bar_k_full, 1);
-    ptx::mbar_init(&ss.bar_v_full, 1);
-    ptx::mbar_init(&ss.bar_k_empty, Traits::NumMmaThreads);
-    ptx::mbar_init(&ss.bar_v_empty, Traits::NumMmaThreads);
-    // Work ring: the producer publishes; every MMA thread and both dQ writer warps consume.
-    ss.work.init(Traits::NumMmaThreads + 2 * 32);
-    for (int s = 0; s < Traits::kStagesQ; ++s) {
-      ptx::mbar_init(&ss.bar_q_full[s], 1);
-      ptx::mbar_init(&ss.bar_q_empty[s], Traits::NumMmaThreads);
-      ptx::mbar_init(&ss.bar_do_full[s], 1);
-      ptx::mbar_init(&ss.bar_do_empty[s], Traits::NumMmaThreads);
-    }
-    ptx::fence_mbar_init();
-  }
-  __syncthreads();
-
-  if (warp_idx < 4) {
-    cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
-    if (warp_idx == 0) {
-      if (cute::elect_one_sync()) { Kernel::producer(params, ss); }
-    } else if (warp_idx == 1 || warp_idx == 2) {
-      Kernel::dq_writer(params, ss, warp_idx - 1);
-    }
-  } else {
-    cutlass::arch::warpgroup_reg_alloc<Traits::kMmaRegisters>();
-    Kernel::mma(params, ss, threadIdx.x - 128);
-  }
+  PersistentShell<BwdMainKernel<Traits, Schedule>>::run(params);
 }
 
 }  // namespace dash

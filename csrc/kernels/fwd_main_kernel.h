@@ -19,11 +19,11 @@
 #pragma once
 
 #include <cute/tensor.hpp>
-#include <cutlass/arch/reg_reconfig.h>
 
 #include "kernels/acc_store.h"
 #include "kernels/fwd_traits.h"
 #include "kernels/mma_utils.h"
+#include "kernels/persistent_shell.h"
 #include "kernels/ptx.h"
 
 namespace dash {
@@ -42,6 +42,31 @@ struct FwdMainKernel {
   static constexpr int NumMmaWarpGroups = Traits::NumMmaWarpGroups;
   static constexpr bool Is_causal = Traits::Is_causal;
   using KVState = PipelineState<Traits::kStages>;
+
+  // ---------------------------------------------------------------------------------------
+  // Shell hooks (kernels/persistent_shell.h).
+  // ---------------------------------------------------------------------------------------
+  static constexpr int kProducerRegisters = Traits::kProducerRegisters;
+  static constexpr int kMmaRegisters = Traits::kMmaRegisters;
+
+  static __device__ __forceinline__ void init_shared(Params const& params, SharedStorage& ss) {
+    cute::prefetch_tma_descriptor(params.tma_q.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(params.tma_k.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(params.tma_v.get_tma_descriptor());
+    // Full barriers: one producer arrival (+ TMA bytes). Empty barriers: every MMA thread.
+    ptx::mbar_init(&ss.bar_q_full, 1);
+    ptx::mbar_init(&ss.bar_q_empty, Traits::NumMmaThreads);
+    for (int s = 0; s < Traits::kStages; ++s) {
+      ptx::mbar_init(&ss.bar_k_full[s], 1);
+      ptx::mbar_init(&ss.bar_k_empty[s], Traits::NumMmaThreads);
+      ptx::mbar_init(&ss.bar_v_full[s], 1);
+      ptx::mbar_init(&ss.bar_v_empty[s], Traits::NumMmaThreads);
+    }
+    ss.work.init(Traits::NumMmaThreads);
+  }
+
+  // The forward's producer warpgroup has one working warp.
+  static __device__ __forceinline__ void producer_warpgroup_warp(Params const&, SharedStorage&, int) {}
 
   // ---------------------------------------------------------------------------------------
   // Producer: one elected lane of warp 0.
@@ -310,36 +335,7 @@ struct FwdMainKernel {
 template <class Traits>
 __global__ void __launch_bounds__(Traits::NumThreads, 1)
     fwd_main_kernel(CUTE_GRID_CONSTANT typename Traits::MainParams const params) {
-  using Kernel = FwdMainKernel<Traits>;
-  extern __shared__ __align__(1024) unsigned char smem_raw[];
-  auto& ss = *reinterpret_cast<typename Traits::SharedStorage*>(smem_raw);
-
-  int const warp_idx = threadIdx.x / 32;
-  if (warp_idx == 0 && cute::elect_one_sync()) {
-    cute::prefetch_tma_descriptor(params.tma_q.get_tma_descriptor());
-    cute::prefetch_tma_descriptor(params.tma_k.get_tma_descriptor());
-    cute::prefetch_tma_descriptor(params.tma_v.get_tma_descriptor());
-    // Full barriers: one producer arrival (+ TMA bytes). Empty barriers: every MMA thread.
-    ptx::mbar_init(&ss.bar_q_full, 1);
-    ptx::mbar_init(&ss.bar_q_empty, Traits::NumMmaThreads);
-    for (int s = 0; s < Traits::kStages; ++s) {
-      ptx::mbar_init(&ss.bar_k_full[s], 1);
-      ptx::mbar_init(&ss.bar_k_empty[s], Traits::NumMmaThreads);
-      ptx::mbar_init(&ss.bar_v_full[s], 1);
-      ptx::mbar_init(&ss.bar_v_empty[s], Traits::NumMmaThreads);
-    }
-    ss.work.init(Traits::NumMmaThreads);
-    ptx::fence_mbar_init();
-  }
-  __syncthreads();
-
-  if (warp_idx < 4) {
-    cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
-    if (warp_idx == 0 && cute::elect_one_sync()) { Kernel::producer(params, ss); }
-  } else {
-    cutlass::arch::warpgroup_reg_alloc<Traits::kMmaRegisters>();
-    Kernel::mma(params, ss, threadIdx.x - 128);
-  }
+  PersistentShell<FwdMainKernel<Traits>>::run(params);
 }
 
 }  // namespace dash

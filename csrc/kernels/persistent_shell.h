@@ -1,0 +1,59 @@
+// The persistent, warp-specialised kernel shell that both passes run on: roles, register
+// reallocation, the shared-storage view and the one-time setup. What a pass computes lives in
+// its kernel type (FwdMainKernel, BwdMainKernel), which the shell calls by role:
+//
+//   warpgroup 0 (producer warpgroup): gives registers back (setmaxnreg.dec to
+//       Kernel::kProducerRegisters). Warp 0, one elected lane: Kernel::producer -- claims the
+//       CTA's work and issues the TMA loads. Warps 1..3: Kernel::producer_warpgroup_warp
+//       (the backward's dQ writers; nothing in the forward).
+//   warpgroups 1..W (MMA warpgroups): take the registers (setmaxnreg.inc to
+//       Kernel::kMmaRegisters), then Kernel::mma with a thread index in [0, 128 * W).
+//
+// Before the roles split, one elected lane of warp 0 runs Kernel::init_shared (TMA descriptor
+// prefetch, mbarrier and work-ring init); the mbarrier-init fence and __syncthreads make those
+// inits visible to every role (and to the TMA unit) before anyone waits on them.
+//
+// A Kernel provides: Params, SharedStorage, kProducerRegisters, kMmaRegisters, and static
+// __device__ init_shared(params, ss), producer(params, ss), producer_warpgroup_warp(params,
+// ss, warp) for warp in 1..3, mma(params, ss, mma_tidx). The __global__ entry of each pass
+// keeps its own name (fwd_main_kernel, bwd_main_kernel: what profilers show) and calls run().
+#pragma once
+
+#include <cute/arch/util.hpp>
+#include <cutlass/arch/reg_reconfig.h>
+
+#include "kernels/ptx.h"
+
+namespace dash {
+
+template <class Kernel>
+struct PersistentShell {
+  using Params = typename Kernel::Params;
+  using SharedStorage = typename Kernel::SharedStorage;
+
+  static __device__ __forceinline__ void run(Params const& params) {
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    auto& ss = *reinterpret_cast<SharedStorage*>(smem_raw);
+
+    int const warp_idx = threadIdx.x / 32;
+    if (warp_idx == 0 && cute::elect_one_sync()) {
+      Kernel::init_shared(params, ss);
+      ptx::fence_mbar_init();
+    }
+    __syncthreads();
+
+    if (warp_idx < 4) {
+      cutlass::arch::warpgroup_reg_dealloc<Kernel::kProducerRegisters>();
+      if (warp_idx == 0) {
+        if (cute::elect_one_sync()) { Kernel::producer(params, ss); }
+      } else {
+        Kernel::producer_warpgroup_warp(params, ss, warp_idx);
+      }
+    } else {
+      cutlass::arch::warpgroup_reg_alloc<Kernel::kMmaRegisters>();
+      Kernel::mma(params, ss, threadIdx.x - 128);
+    }
+  }
+};
+
+}  // namespace dash

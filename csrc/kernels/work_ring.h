@@ -41,4 +41,22 @@ struct WorkRing {
   }
 };
 
+// Runs body(item) for every work item of this CTA, in order: claimed schedules read them
+// from the producer's ring, static ones step through their fixed list (no ring, no state
+// beyond the item itself). Every consumer role of the backward walks its columns this way.
+template <class Schedule, class Body>
+__device__ __forceinline__ void for_each_scheduled_item(Schedule const& sched, WorkRing& ring, Body&& body) {
+  if constexpr (Schedule::kClaimed) {
+    for (int k = 0;; ++k) {
+      int const item = ring.receive(k);  // >= num_columns: the CTA is done
+      if (item >= sched.num_columns()) { break; }
+      body(item);
+    }
+  } else {
+    for (int item = sched.item(blockIdx.x, 0); item < sched.num_columns(); item = sched.next_item(item)) {
+      body(item);
+    }
+  }
+}
+
 }  // namespace dash

@@ -1,0 +1,194 @@
+// The backward's epilogue collective: what leaves the CTA. dQ partials, staged in shared
+// memory by the MMA warpgroups at every step, are reduce-added into the fp32 dQaccum by two
+// writer warps of the producer warpgroup (in the schedule's order when deterministic); dK
+// and dV, kept in the MMA warpgroups' registers for a column's life, are stored (or, under
+// GQA, reduce-added in query-head order) when the column ends. The mainloop
+// (bwd_main_kernel.h) hands dQ partials over through the named barriers below.
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include "kernels/acc_store.h"
+#include "kernels/bwd_traits.h"
+#include "kernels/ptx.h"
+#include "kernels/work_ring.h"
+#include "schedule/schedule.h"
+
+namespace dash {
+
+using namespace cute;
+
+template <class Traits, class Schedule>
+struct BwdEpilogue {
+  using Element = typename Traits::Element;
+  using Params = typename Traits::template MainParams<Schedule>;
+  using SharedStorage = typename Traits::SharedStorage;
+  static constexpr int kBlockM = Traits::kBlockM;
+  static constexpr int kBlockN = Traits::kBlockN;
+  static constexpr int kHeadDim = Traits::kHeadDim;
+  static constexpr int NumMmaThreads = Traits::NumMmaThreads;
+  static constexpr int NumMmaWarpGroups = Traits::NumMmaWarpGroups;
+
+  // ---------------------------------------------------------------------------------------
+  // dQ writers: warps 1 and 2 (all 32 lanes take part in the named barriers, lane 0 issues).
+  //
+  // The CTA's steps (numbered g = 0, 1, ... across its columns) alternate between the two
+  // writer warps: writer (g % 2) reduces step g. Each MMA warpgroup's staging slice is
+  // handed over through a pair of named barriers per parity (kdQFull/kdQEmpty of (w, g % 2)),
+  // so each barrier phase has exactly one writer warp. Two writers keep two reduce-adds in
+  // flight: one writer waits for its add to land in global memory and releases the tile
+  // while the other already takes the next partial, so the deterministic hand-off no longer
+  // serialises the dQ path (with one writer the kernel ran at the writer's pace whenever
+  // the hand-off took longer than a step: hdim 128, 64x128 tiles).
+  //
+  // Deterministic protocol for the contribution of column n to Q tile m (once both MMA
+  // warpgroups' partials are in the staging slices):
+  //   1. lane 0 spins (ld.acquire.gpu) until sem[m] == turn(m, n), then a proxy fence so
+  //      that our async-proxy reduce-add is ordered after the acquire;
+  //   2. reduce-add every warpgroup's slice (cp.reduce.async.bulk, one group);
+  //   3. wait_group.read 0: smem slices may be reused -> release them to the MMA warps;
+  //   4. wait_group 0 (no .read): the adds have been *performed in global memory*;
+  //      proxy fence, then red.release.gpu sem[m] += 1.
+  // Step 4 is what makes the wait real: releasing after .read alone (FA3's protocol) lets
+  // the next column's add overtake ours. A writer never holds a tile while it waits for
+  // another (it releases before its next step), so waits chain exactly as the schedule's
+  // turns say and the schedule's deadlock argument holds unchanged.
+  // ---------------------------------------------------------------------------------------
+  static __device__ void dq_writer(Params const& params, SharedStorage& ss, int writer) {
+    auto const& sched = params.schedule;
+    int const lane = threadIdx.x % 32;
+    int const num_m_blocks = sched.geo.num_m_blocks();
+    constexpr int kSliceFloats = Traits::kdQSliceFloats;
+    constexpr uint32_t kBarThreads = 128 + 32;
+    bool const tracer = params.trace != nullptr && lane == 0;  // lane 0 records in trace mode
+
+    // The staging slices start empty: the MMA's step 0 waits on parity 1's "empty".
+    if (writer == 1) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int w = 0; w < NumMmaWarpGroups; ++w) { ptx::named_arrive(dq_empty_barrier(w, 1), kBarThreads); }
+    }
+    int g0 = 0;  // the CTA's steps before the current column
+    for_each_scheduled_item(params.schedule, ss.work, [&](int item) {
+      ColumnCoord const col = sched.column(item);
+      int const num_steps = sched.num_steps(col);
+      // Q tile (b, h, m) is tile number bh * M + m of dQaccum and of the semaphores. 32-bit
+      // indices, not pointers, keep this warp within its 24 registers (launch checks the range).
+      int const bh = col.b * params.num_heads + col.h;
+      for (int step = (g0 + writer) & 1; step < num_steps; step += 2) {  // steps with g % 2 == writer
+        int const m = sched.m_block(col, step);
+        int const tile = bh * num_m_blocks + m;
+        // Trace mode: the record is claimed and filled as the step goes, so that no timestamp
+        // stays live in a register.
+        int const rec = tracer ? begin_record(params, bh, col.n, m, step) : -1;
+        // Both warpgroups' partials in smem, then the tile's turn, then the reduce-adds. (In
+        // this order a trace tells the wait for the MMA apart from the wait for the turn.)
+        CUTLASS_PRAGMA_UNROLL
+        for (int w = 0; w < NumMmaWarpGroups; ++w) { ptx::named_sync(dq_full_barrier(w, writer), kBarThreads); }
+        if (rec >= 0) { params.trace[rec].t_ready = ptx::globaltimer_ns(); }
+        if (params.deterministic && lane == 0) {
+          int const turn = sched.turn(col, m);
+          if (rec >= 0) { params.trace[rec].turn = turn; }
+          while (ptx::ld_acquire_gpu(params.dq_semaphore + tile) != turn) {}
+          ptx::fence_proxy_async_global();
+        }
+        if (rec >= 0) { params.trace[rec].t_acquired = ptx::globaltimer_ns(); }
+        if (lane == 0) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int w = 0; w < NumMmaWarpGroups; ++w) {
+            ptx::bulk_reduce_add_f32(params.dq_accum + int64_t(tile) * (kBlockM * kHeadDim) + w * kSliceFloats,
+                                     ss.smem_dq + w * kSliceFloats, kSliceFloats * sizeof(float));
+          }
+          ptx::bulk_commit_group();
+          ptx::bulk_wait_group_read<0>();
+        }
+        __syncwarp();
+        CUTLASS_PRAGMA_UNROLL
+        for (int w = 0; w < NumMmaWarpGroups; ++w) { ptx::named_arrive(dq_empty_barrier(w, writer), kBarThreads); }
+        if (lane == 0) {
+          if (params.deterministic) {
+            ptx::bulk_wait_group<0>();
+            ptx::fence_proxy_async_global();
+            ptx::red_release_gpu_add(params.dq_semaphore + tile, 1);
+          }
+          if (rec >= 0) { params.trace[rec].t_done = ptx::globaltimer_ns(); }
+        }
+      }
+      g0 += num_steps;
+    });
+    if (lane == 0) { ptx::bulk_wait_group<0>(); }
+  }
+
+  // Named barriers of warpgroup w's dQ staging slice for steps of parity p (see dq_writer).
+  static __device__ __forceinline__ uint32_t dq_empty_barrier(int w, int p) {
+    return uint32_t(BwdBarrier::kdQEmpty0) + 2 * w + p;
+  }
+  static __device__ __forceinline__ uint32_t dq_full_barrier(int w, int p) {
+    return uint32_t(BwdBarrier::kdQFull0) + 2 * w + p;
+  }
+
+  // Claims the next trace record and fills what is known when the writer turns to a step;
+  // returns its index (-1: none).
+  static __device__ __forceinline__ int begin_record(Params const& params, int bh, int n, int m, int step) {
+    int const idx = atomicAdd(params.counters + kTraceCounter, 1);
+    if (idx >= params.trace_capacity) { return -1; }  // cannot happen: the host sized it by the schedule
+    // Read after the atomic's round trip, so that measured waits are turn waits only.
+    int64_t const t_wait = ptx::globaltimer_ns();
+    BwdTraceRecord& r = params.trace[idx];
+    r.cta = blockIdx.x;
+    r.bh = bh;
+    r.n = n;
+    r.m = m;
+    r.step = step;
+    r.t_wait = t_wait;
+    return idx;
+  }
+
+  // Without GQA: dK, dV of the column as Element rows. With GQA: the query heads of a KV
+  // group reduce-add their fp32 dK, dV into the group's accumulators; deterministic runs add
+  // in ascending query-head order, the same protocol as the dQ tiles:
+  //   1. thread 0 spins (ld.acquire.gpu) until sem[b, h_kv, n] == h % group; the barrier
+  //      then orders every MMA thread's adds after that acquire;
+  //   2. every thread adds its fragment (red.global.add.v2.f32: generic-proxy atomics);
+  //   3. barrier (all adds of the CTA issued before it), thread 0: fence.acq_rel.gpu
+  //      (cumulative over the adds the barrier made visible to it) + red.release.gpu += 1,
+  //      so the next head's acquire observes every add of ours: they have landed.
+  // Waits point to the same column of a lower query head, which every schedule claims or
+  // runs earlier (schedule.h), so they cannot deadlock.
+  template <class Frag, class Coord>
+  static __device__ __forceinline__ void store_dkv(Params const& params, ColumnCoord col, Frag const& tdKrdK,
+                                                   Frag const& tdVrdV, Coord const& tdKVcdKV, int mma_tidx) {
+    int const seqlen_k = params.schedule.geo.seqlen_k;
+    int const row0 = col.n * kBlockN;
+    if (params.dk_accum == nullptr) {
+      Element* dk = params.dk + int64_t(col.b) * params.dk_strides.batch + int64_t(col.h) * params.dk_strides.head;
+      Element* dv = params.dv + int64_t(col.b) * params.dv_strides.batch + int64_t(col.h) * params.dv_strides.head;
+      store_acc_rows_16B(tdKrdK, tdKVcdKV, params.softmax_scale, dk, params.dk_strides.row, row0, seqlen_k);
+      store_acc_rows_16B(tdVrdV, tdKVcdKV, 1.0f, dv, params.dv_strides.row, row0, seqlen_k);
+      return;
+    }
+    int const h_kv = col.h / params.heads_per_kv_head;
+    BSHDStrides const& st = params.dkv_accum_strides;
+    int64_t const offset = int64_t(col.b) * st.batch + int64_t(h_kv) * st.head;
+    int* sem = params.dkv_semaphore +
+               (int64_t(col.b) * params.num_heads_k + h_kv) * params.schedule.geo.num_n_blocks() + col.n;
+    if (params.deterministic) {
+      if (mma_tidx == 0) {
+        int const turn = col.h - h_kv * params.heads_per_kv_head;
+        while (ptx::ld_acquire_gpu(sem) != turn) {}
+      }
+      __syncwarp();  // reconverge before the aligned bar.sync
+      ptx::named_sync(uint32_t(BwdBarrier::kdKVOrder), NumMmaThreads);
+    }
+    red_add_acc_rows_f32(tdKrdK, tdKVcdKV, params.softmax_scale, params.dk_accum + offset, st.row, row0, seqlen_k);
+    red_add_acc_rows_f32(tdVrdV, tdKVcdKV, 1.0f, params.dv_accum + offset, st.row, row0, seqlen_k);
+    if (params.deterministic) {
+      ptx::named_sync(uint32_t(BwdBarrier::kdKVOrder), NumMmaThreads);
+      if (mma_tidx == 0) {
+        ptx::fence_acq_rel_gpu();
+        ptx::red_release_gpu_add(sem, 1);
+      }
+    }
+  }
+};
+
+}  // namespace dash

@@ -4,7 +4,12 @@ torch.profiler (kernel durations and their start times on the GPU).
 
     python tools/profile_user_path.py
 """
+import sys
+
 import torch
+
+if not torch.cuda.is_available():
+    sys.exit("profile_user_path: needs a CUDA GPU with DASH's kernels built")
 from torch.profiler import ProfilerActivity, profile
 from dash import bench
 from dash.bench import Shape

@@ -191,3 +191,43 @@ def test_unknown_schedule_is_a_clear_error():
         make_plan(_full(2, 2), "zigzag", 4)
     with pytest.raises(ValueError, match="ctas=0"):
         make_plan(_full(2, 2), "fa3", 0)
+
+
+# ---------------------------------------------------------------------------------------
+# GQA: the query heads of a KV group are heads_kv slots apart in the claim order
+# ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("batch, heads, heads_kv", [(1, 4, 4), (2, 32, 8), (3, 6, 2), (2, 8, 1)])
+def test_head_slots_spread_each_kv_group(batch, heads, heads_kv):
+    from dash.schedules.orders import head_slots
+
+    slots = head_slots(batch, heads, heads_kv)
+    assert sorted(slots.tolist()) == list(range(batch * heads))  # a permutation, batch by batch
+    g = heads // heads_kv
+    for b in range(batch):
+        for kv in range(heads_kv):
+            group = [slots[b * heads + kv * g + j] for j in range(g)]
+            assert all(group[j + 1] - group[j] == heads_kv for j in range(g - 1))
+            assert all(b * heads <= s < (b + 1) * heads for s in group)
+    if heads_kv == heads:
+        assert slots.tolist() == list(range(batch * heads))
+
+
+@pytest.mark.parametrize("name", ["fa3", "interleaved", "descending"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gqa_siblings_are_claimed_in_query_head_order(name, causal):
+    """The kernel's dK/dV wait of query head j of a group points to head j - 1's same column:
+    that column must come earlier in the claim order (deadlock freedom for any grid)."""
+    p = Problem(2, 12, 700, 900, head_dim=128, heads_kv=3, causal=causal)
+    seq = make_plan(p, name, 5).item_sequence()
+    pos = {tuple(int(x) for x in row): i for i, row in enumerate(seq)}
+    g = 4
+    for (b, h, n), i in pos.items():
+        if h % g:
+            assert pos[(b, h - 1, n)] < i, (name, b, h, n)
+
+
+def test_non_deterministic_auto_is_fa3_order():
+    from dash.schedules.auto import choose_kernel_schedule
+
+    for args in [(2, 16, 16, 8192, 8192, 128, True), (32, 32, 32, 512, 512, 64, False), (2, 32, 8, 4096, 4096, 128, True)]:
+        assert choose_kernel_schedule(*args, 132, deterministic=False) == "fa3"

@@ -1,9 +1,13 @@
 """Why the backward through torch.autograd.grad is slower than the kernels alone: both paths
-at hdim 128 causal 16k (b1 h16), CUDA-event time per call (modes in rounds), then each under
-torch.profiler (kernel durations and their start times on the GPU).
+at one shape (default hdim 128 causal 16k, b1 h16), CUDA-event time per synced call (modes in
+rounds), then one torch.profiler session in which the two paths alternate call by call (so a
+clock change hits both alike), listing every GPU kernel in order with its duration and the
+gap before it.
 
-    python tools/profile_user_path.py
+    python tools/profile_user_path.py [--seqlen 16384] [--hdim 128] [--full]
 """
+
+import argparse
 import sys
 
 import torch
@@ -11,25 +15,38 @@ import torch
 if not torch.cuda.is_available():
     sys.exit("profile_user_path: needs a CUDA GPU with DASH's kernels built")
 from torch.profiler import ProfilerActivity, profile
+
 from dash import bench
 from dash.bench import Shape
-sh = Shape(1, 16384, 16, 128, True)
+
+ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+ap.add_argument("--seqlen", type=int, default=16384)
+ap.add_argument("--hdim", type=int, default=128)
+ap.add_argument("--full", action="store_true")
+args = ap.parse_args()
+sh = Shape.paper(args.seqlen, args.hdim, not args.full)
 sets = bench.make_input_sets(sh, 3, torch.device("cuda"))
 for s in sets:
-    s["causal"] = True
+    s["causal"] = sh.causal
 modes = bench.available_modes()
 fns = {m: modes[m] for m in ("dash_auto_det", "user_dash_auto_det")}
-print(bench.cuda_time_ms_interleaved(fns, sets, 5, 20))
-for name, fn in fns.items():
-    for i in range(3):
-        fn(sets[i % 3])
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
-        for i in range(6):
-            fn(sets[i % 3])
-        torch.cuda.synchronize()
-    print("=====", name)
-    print(p.key_averages().table(sort_by="cuda_time_total", row_limit=12))
-    evs = sorted([e for e in p.events() if e.device_type == torch.autograd.DeviceType.CUDA], key=lambda e: e.time_range.start)
-    for e in evs[:12]:
-        print(f"  {e.name[:60]:60s} start {e.time_range.start:12.1f} dur {e.time_range.elapsed_us():9.1f}")
+print(sh.label(), "ms per synced call:", bench.cuda_time_ms_interleaved(fns, sets, 5, 20))
+with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
+    for i in range(4):
+        for name, fn in fns.items():
+            with torch.profiler.record_function(f"{name} #{i}"):
+                fn(sets[i % 3])
+            torch.cuda.synchronize()
+gpu = sorted((e for e in p.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+             key=lambda e: e.time_range.start)
+user = sorted((e for e in p.events() if e.name.endswith(tuple(f"#{i}" for i in range(4)))
+               and e.device_type == torch.autograd.DeviceType.CPU), key=lambda e: e.time_range.start)
+for e in user:
+    print(f"{e.name:28s} host {e.time_range.start:12.1f} .. {e.time_range.end:12.1f} us")
+    prev = e.time_range.start
+    for k in gpu:
+        if e.time_range.start <= k.time_range.start <= e.time_range.end + 20000:
+            print(f"    {k.name[:56]:56s} gap {k.time_range.start - prev:8.1f} dur {k.time_range.elapsed_us():8.1f}")
+            prev = k.time_range.end
+        if k.time_range.start > e.time_range.end + 20000:
+            break

@@ -41,12 +41,11 @@ gpu = sorted((e for e in p.events() if e.device_type == torch.autograd.DeviceTyp
              key=lambda e: e.time_range.start)
 user = sorted((e for e in p.events() if e.name.endswith(tuple(f"#{i}" for i in range(4)))
                and e.device_type == torch.autograd.DeviceType.CPU), key=lambda e: e.time_range.start)
-for e in user:
+for i, e in enumerate(user):
+    end = user[i + 1].time_range.start if i + 1 < len(user) else float("inf")
     print(f"{e.name:28s} host {e.time_range.start:12.1f} .. {e.time_range.end:12.1f} us")
     prev = e.time_range.start
     for k in gpu:
-        if e.time_range.start <= k.time_range.start <= e.time_range.end + 20000:
+        if e.time_range.start <= k.time_range.start < end:  # this call's kernels (each call is synced)
             print(f"    {k.name[:56]:56s} gap {k.time_range.start - prev:8.1f} dur {k.time_range.elapsed_us():8.1f}")
             prev = k.time_range.end
-        if k.time_range.start > e.time_range.end + 20000:
-            break

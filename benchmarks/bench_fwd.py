@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 from typing import Callable
 
@@ -140,14 +139,7 @@ def host_us_per_call(libs, modes, calls: int = 200) -> dict[str, float]:
     res = {}
     for mode, call in calls_by_mode.items():
         try:
-            for _ in range(20):
-                call()
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                call()
-            torch.cuda.synchronize()
-            res[mode] = (time.perf_counter() - t0) / calls * 1e6
+            res[mode] = bench.wall_us_per_call(call, calls)
         except Exception as e:
             print(f"  host timing of {mode} failed: {type(e).__name__}")
     return res

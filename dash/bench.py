@@ -17,6 +17,7 @@ import json
 import platform
 import statistics
 import subprocess
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
@@ -105,6 +106,19 @@ def cuda_time_ms(fn: Callable[[dict], object], sets: list[dict], warmup: int, it
         end.synchronize()
         times.append(start.elapsed_time(end))
     return statistics.median(times)
+
+
+def wall_us_per_call(fn: Callable[[], object], calls: int = 200, warmup: int = 20) -> float:
+    """Wall time per call of ``fn`` over ``calls`` back-to-back calls (one sync at the end): on
+    a problem small enough that the GPU waits for the host, this is the host work per call."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / calls * 1e6
 
 
 def cuda_time_ms_interleaved(fns: dict[str, Callable[[dict], object]], sets: list[dict], warmup: int, iters: int,

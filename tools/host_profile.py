@@ -16,24 +16,12 @@ import cProfile
 import io
 import pstats
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
-
-
-def per_call_us(fn, calls: int) -> float:
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / calls * 1e6
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
         print("host_profile: needs a CUDA GPU with DASH's kernels built", file=sys.stderr)
         return 1
     import dash
-    from dash import ops, validation
+    from dash import bench, ops, validation
 
     d, s = args.hdim, args.seqlen
     q, k, v = (torch.randn(1, s, 1, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
@@ -108,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(f"host time per call, b1 h1 s{s} d{d} causal bf16, {args.calls} calls each (us):")
     for name, fn in pieces.items():
-        print(f"  {name:40s} {per_call_us(fn, args.calls):8.1f}", flush=True)
+        print(f"  {name:40s} {bench.wall_us_per_call(fn, args.calls):8.1f}", flush=True)
 
     f = fa_fwdbwd(True)
     prof = cProfile.Profile()

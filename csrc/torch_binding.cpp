@@ -12,6 +12,7 @@
 #include <nvtx3/nvToolsExt.h>
 
 #include <cstdlib>
+#include <initializer_list>
 #include <string>
 
 #include "bwd_api.h"
@@ -56,14 +57,21 @@ void check_bshd(char const* op, Tensor const& t, char const* name) {
 }
 
 // What both ops check of q, k, v and the device, and the problem fields every params
-// struct (dash::FwdParams, dash::BwdParams) shares.
+// struct (dash::FwdParams, dash::BwdParams) shares: shape, dtype, grid, and the q, k, v
+// pointers and strides.
 struct Problem {
   dash::DType dtype;
   int64_t batch, seqlen_q, seqlen_k, heads, heads_k, head_dim;
   int num_ctas_max;  // SMs the persistent grid may use
 
   template <class Params>
-  void fill(Params& p) const {
+  void fill(Params& p, Tensor const& q, Tensor const& k, Tensor const& v) const {
+    p.q = q.data_ptr();
+    p.k = k.data_ptr();
+    p.v = v.data_ptr();
+    p.q_strides = bshd_strides(q);
+    p.k_strides = bshd_strides(k);
+    p.v_strides = bshd_strides(v);
     p.dtype = dtype;
     p.batch = int(batch);
     p.seqlen_q = int(seqlen_q);
@@ -116,6 +124,19 @@ Problem check_problem(char const* op, Tensor const& q, Tensor const& k, Tensor c
   return pr;
 }
 
+// Test hook: DASH_POISON_OUTPUTS=1 fills the outputs with NaN (all-ones bytes) on the stream
+// before the launch, so a test can prove the kernels wrote every element. Read per call: the
+// tests switch it between calls.
+void poison_outputs_if_requested(std::initializer_list<Tensor*> outputs) {
+  char const* poison = std::getenv("DASH_POISON_OUTPUTS");
+  if (poison == nullptr || poison[0] != '1') { return; }
+  for (Tensor* t : outputs) {
+    if (t->defined()) {
+      C10_CUDA_CHECK(cudaMemsetAsync(t->data_ptr(), 0xFF, t->nbytes(), at::cuda::getCurrentCUDAStream()));
+    }
+  }
+}
+
 dash::BwdScheduleKind parse_schedule(c10::string_view schedule) {
   if (schedule == "fa3") return dash::BwdScheduleKind::kFa3;
   if (schedule == "interleaved") return dash::BwdScheduleKind::kInterleaved;
@@ -157,7 +178,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> run_backward(Tensor const& dout, Tens
               ") must each be at most 65535");
 
   dash::BwdParams p;
-  pr.fill(p);
+  pr.fill(p, q, k, v);
 
   Tensor dq = at::empty_like(q);
   bool const gqa = heads != heads_k;
@@ -183,14 +204,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> run_backward(Tensor const& dout, Tens
     p.dv_strides = bshd_strides(dv);
   }
 
-  p.q = q.data_ptr();
-  p.k = k.data_ptr();
-  p.v = v.data_ptr();
   p.out = out.data_ptr();
   p.dout = dout.data_ptr();
-  p.q_strides = bshd_strides(q);
-  p.k_strides = bshd_strides(k);
-  p.v_strides = bshd_strides(v);
   p.out_strides = bshd_strides(out);
   p.dout_strides = bshd_strides(dout);
   p.dq = dq.data_ptr();
@@ -216,14 +231,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> run_backward(Tensor const& dout, Tens
     trace_records = at::empty({0, int64_t(sizeof(dash::BwdTraceRecord) / 8)}, q.options().dtype(at::kLong));
   }
 
-  // Test hook: DASH_POISON_OUTPUTS=1 fills dq/dk/dv with NaN (all-ones bytes) before the
-  // launch, so a test can prove every output element was written by the kernels.
-  char const* poison = std::getenv("DASH_POISON_OUTPUTS");
-  if (poison != nullptr && poison[0] == '1') {
-    for (Tensor* t : {&dq, &dk, &dv}) {
-      if (t->defined()) { C10_CUDA_CHECK(cudaMemsetAsync(t->data_ptr(), 0xFF, t->nbytes(), at::cuda::getCurrentCUDAStream())); }
-    }
-  }
+  poison_outputs_if_requested({&dq, &dk, &dv});  // dk, dv are undefined here under GQA
   try {
     dash::run_bwd(p, at::cuda::getCurrentCUDAStream());
   } catch (std::exception const& e) {
@@ -268,31 +276,19 @@ std::tuple<Tensor, Tensor> fwd_cuda(Tensor const& q, Tensor const& k, Tensor con
   Problem const pr = check_problem("dash.fwd", q, k, v, sm_margin);
   int64_t const batch = pr.batch, seqlen_q = pr.seqlen_q, heads = pr.heads;
   dash::FwdParams p;
-  pr.fill(p);
+  pr.fill(p, q, k, v);
 
   Tensor out = at::empty_like(q, at::MemoryFormat::Contiguous);
   Tensor lse = at::empty({batch, heads, seqlen_q}, q.options().dtype(at::kFloat));
   Tensor tile_counter = at::empty({1}, q.options().dtype(at::kInt));  // zeroed by run_fwd on the stream
   p.tile_counter = tile_counter.data_ptr<int>();
-  p.q = q.data_ptr();
-  p.k = k.data_ptr();
-  p.v = v.data_ptr();
-  p.q_strides = bshd_strides(q);
-  p.k_strides = bshd_strides(k);
-  p.v_strides = bshd_strides(v);
   p.out = out.data_ptr();
   p.out_strides = bshd_strides(out);
   p.lse = lse.data_ptr<float>();
   p.softmax_scale = float(softmax_scale);
   p.causal = causal;
 
-  // Test hook (see run_backward): NaN-fill the outputs so a test proves the kernel wrote them all.
-  char const* poison = std::getenv("DASH_POISON_OUTPUTS");
-  if (poison != nullptr && poison[0] == '1') {
-    for (Tensor* t : {&out, &lse}) {
-      C10_CUDA_CHECK(cudaMemsetAsync(t->data_ptr(), 0xFF, t->nbytes(), at::cuda::getCurrentCUDAStream()));
-    }
-  }
+  poison_outputs_if_requested({&out, &lse});
   try {
     dash::run_fwd(p, at::cuda::getCurrentCUDAStream());
   } catch (std::exception const& e) {

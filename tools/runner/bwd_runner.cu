@@ -346,6 +346,22 @@ dash::BSHDStrides contiguous_bshd(int seqlen, int heads, int head_dim) {
   return {int64_t(seqlen) * heads * head_dim, int64_t(heads) * head_dim, int64_t(head_dim)};
 }
 
+// The fields FwdParams and BwdParams share, from the command line: shape, dtype, mask, the
+// default softmax scale, and the torch op's default grid (sm_margin = 0).
+template <class Params>
+void fill_problem(Options const& o, int num_sms, Params& p) {
+  p.dtype = o.dtype;
+  p.batch = o.batch;
+  p.seqlen_q = o.seqlen_q;
+  p.seqlen_k = o.seqlen_k;
+  p.num_heads = o.heads;
+  p.num_heads_k = o.heads_kv;
+  p.head_dim = o.hdim;
+  p.softmax_scale = 1.0f / std::sqrt(float(o.hdim));
+  p.causal = o.causal;
+  p.num_ctas_max = num_sms;
+}
+
 class BackwardPass final : public TimedPass {
  public:
   BackwardPass(Options const& o, int num_sms, cudaStream_t stream) : o_(o) {
@@ -355,18 +371,9 @@ class BackwardPass final : public TimedPass {
     size_t const lse_floats = size_t(o.batch) * o.heads * o.seqlen_q;
 
     dash::BwdParams& p = params_;
-    p.dtype = o.dtype;
-    p.batch = o.batch;
-    p.seqlen_q = o.seqlen_q;
-    p.seqlen_k = o.seqlen_k;
-    p.num_heads = o.heads;
-    p.num_heads_k = o.heads_kv;
-    p.head_dim = o.hdim;
-    p.softmax_scale = 1.0f / std::sqrt(float(o.hdim));
-    p.causal = o.causal;
+    fill_problem(o, num_sms, p);
     p.deterministic = o.deterministic;
     p.schedule = static_cast<dash::BwdScheduleKind>(o.schedule);
-    p.num_ctas_max = num_sms;  // the torch op's default, sm_margin = 0
 
     q_ = DeviceBuffer(q_elems * elem, "q");
     k_ = DeviceBuffer(kv_elems * elem, "k");
@@ -492,13 +499,7 @@ class ForwardPass final : public TimedPass {
     fill_pseudo_random(v_, o.dtype, kv_elems, 3, stream);
 
     dash::FwdParams& p = params_;
-    p.dtype = o.dtype;
-    p.batch = o.batch;
-    p.seqlen_q = o.seqlen_q;
-    p.seqlen_k = o.seqlen_k;
-    p.num_heads = o.heads;
-    p.num_heads_k = o.heads_kv;
-    p.head_dim = o.hdim;
+    fill_problem(o, num_sms, p);
     p.q = q_.get();
     p.k = k_.get();
     p.v = v_.get();
@@ -506,9 +507,6 @@ class ForwardPass final : public TimedPass {
     p.k_strides = p.v_strides = contiguous_bshd(o.seqlen_k, o.heads_kv, o.hdim);
     p.out = out_.get();
     p.lse = lse_.as<float>();
-    p.softmax_scale = 1.0f / std::sqrt(float(o.hdim));
-    p.causal = o.causal;
-    p.num_ctas_max = num_sms;  // the torch op's default, sm_margin = 0
     p.tile_counter = tile_counter_.as<int>();  // run_fwd zeroes it on the stream
   }
 

@@ -27,8 +27,10 @@ BwdWorkspaceSizes bwd_workspace_sizes_for(BwdParams const& p) {
   BwdWorkspaceSizes w;
   w.lse_log2_floats = bh * m_blocks * Cfg::kBlockM;
   w.dpsum_floats = w.lse_log2_floats;
-  w.dq_accum_floats = bh * m_blocks * Cfg::kBlockM * kHeadDim;
-  w.semaphore_ints = bh * m_blocks;
+  // Deterministic runs accumulate each dQ tile in kdQChains chains (config.py, dq_chains).
+  size_t const chains = p.deterministic ? Cfg::kdQChains : 1;
+  w.dq_accum_floats = chains * bh * m_blocks * Cfg::kBlockM * kHeadDim;
+  w.semaphore_ints = chains * bh * m_blocks;
   return w;
 }
 

@@ -49,6 +49,13 @@ class BwdTileConfig:
     q_stages: int  # smem buffers of Q (+ its LSE) in flight
     do_stages: int  # smem buffers of dO (+ its D = rowsum(dO*O)) in flight
     ds_stages: int  # smem buffers of dS (A operand of the dQ GEMM)
+    dq_stages: int = 1  # fp32 dQ partial staging buffers (1, or 2: one per dQ writer; see docs/kernel-notes.md)
+    # Deterministic mode: independent accumulation chains per dQ tile. The contribution with
+    # turn t is add t // dq_chains of chain t % dq_chains (its own fp32 copy of the tile and
+    # its own semaphore); the convert kernel sums the chains in index order. Turns depend on
+    # (m, n) only, so the bits stay independent of the CTA count; a contribution waits for
+    # turn t - dq_chains instead of t - 1. Costs (dq_chains - 1) more fp32 dQ workspaces.
+    dq_chains: int = 1
     note: str = ""
 
     def __post_init__(self) -> None:
@@ -58,6 +65,10 @@ class BwdTileConfig:
             raise ValueError(f"block_m={self.block_m} must be a multiple of 64 (WGMMA N granularity used here)")
         if self.head_dim % 64 != 0:
             raise ValueError(f"head_dim={self.head_dim} must be a multiple of 64 (128-byte swizzle rows)")
+        if self.dq_stages not in (1, 2):
+            raise ValueError(f"dq_stages={self.dq_stages} must be 1 or 2 (the dQ writers alternate by step parity)")
+        if self.dq_chains not in (1, 2, 4):
+            raise ValueError(f"dq_chains={self.dq_chains} must be 1, 2 or 4")
 
     @property
     def dq_split_rows(self) -> bool:
@@ -80,17 +91,20 @@ class BwdTileConfig:
         q = self.q_stages * m * d * elem_bytes
         do = self.do_stages * m * d * elem_bytes
         ds = self.ds_stages * m * n * elem_bytes
-        dq = m * d * 4
+        dq = self.dq_stages * m * d * 4
         lse_d = (self.q_stages + self.do_stages) * m * 4
         return kv + q + do + ds + dq + lse_d
 
 
 #: The table. Keyed by (head_dim, causal).
 BWD_TILE_CONFIGS: tuple[BwdTileConfig, ...] = (
-    BwdTileConfig(64, False, 128, 128, 2, 2, 2, 2, note="FA3's hdim-64 tile; ~193 KB smem"),
-    BwdTileConfig(64, True, 128, 128, 2, 2, 2, 2, note="FA3's hdim-64 tile; ~193 KB smem"),
-    BwdTileConfig(128, False, 64, 128, 2, 2, 2, 2, note="64x128 as FA3 causal; 80x128 not yet measured"),
-    BwdTileConfig(128, True, 64, 128, 2, 2, 2, 2, note="FA3's causal hdim-128 tile; ~193 KB smem"),
+    # Causal masks use two dQ chains (measured: +3-4 % deterministic at 4k-16k); full masks
+    # one (two cost 2-3 %: the second fp32 copy doubles the adds' L2 footprint and the convert's
+    # reads, and full-mask orders barely wait). docs/kernel-notes.md, fourth pass.
+    BwdTileConfig(64, False, 128, 128, 2, 2, 2, 2, 1, 1, note="FA3's hdim-64 tile; ~193 KB smem"),
+    BwdTileConfig(64, True, 128, 128, 2, 2, 2, 2, 1, 2, note="FA3's hdim-64 tile; ~193 KB smem"),
+    BwdTileConfig(128, False, 64, 128, 2, 2, 2, 2, 1, 1, note="64x128 as FA3 causal; 80x128 not yet measured"),
+    BwdTileConfig(128, True, 64, 128, 2, 2, 2, 2, 1, 2, note="FA3's causal hdim-128 tile; ~193 KB smem"),
 )
 
 @dataclass(frozen=True)
@@ -199,6 +213,8 @@ def render_cpp_header() -> str:
             f"  static constexpr int kStagesQ = {cfg.q_stages};",
             f"  static constexpr int kStagesdO = {cfg.do_stages};",
             f"  static constexpr int kStagesdS = {cfg.ds_stages};",
+            f"  static constexpr int kStagesdQ = {cfg.dq_stages};",
+            f"  static constexpr int kdQChains = {cfg.dq_chains};",
             f"  static constexpr bool dQ_split_rows = {'true' if cfg.dq_split_rows else 'false'};",
             "};",
             "",

@@ -77,6 +77,17 @@ class TraceResult:
         return int(len(self.records["cta"]))
 
     @property
+    def chains(self) -> int:
+        """Accumulation chains per dQ tile: the kernel's ``dq_chains`` for this head dim and
+        mask when deterministic (turn t is add t // chains of chain t % chains), else 1."""
+        from dash.schedules.auto import kernel_dq_chains
+
+        return kernel_dq_chains(self.problem.head_dim, self.problem.causal) if self.deterministic else 1
+
+    def _chain_of_turn(self) -> np.ndarray:
+        return self.records["turn"] % self.chains
+
+    @property
     def makespan_us(self) -> float:
         """From the first step's start to the last step's end, microseconds (the writers' view)."""
         r = self.records
@@ -99,13 +110,16 @@ class TraceResult:
         w = np.bincount(self.records["cta"], weights=self.wait_us(), minlength=self.ctas)
         return w / span if span > 0 else np.zeros(self.ctas)
 
-    def accumulation_order(self) -> dict[tuple[int, int, int], list[int]]:
-        """Columns of every dQ tile ``(b, h, m)`` in the order their turns were acquired."""
+    def accumulation_order(self) -> dict[tuple[int, int, int, int], list[int]]:
+        """Columns of every accumulation chain ``(b, h, m, chain)`` of a dQ tile in the order
+        their turns were acquired (one chain per tile without determinism)."""
         r = self.records
-        order = np.lexsort((r["turn"], r["t_acquired"], r["m"], r["h"], r["b"]))
-        out: dict[tuple[int, int, int], list[int]] = {}
+        chain = self._chain_of_turn()
+        order = np.lexsort((r["turn"], r["t_acquired"], chain, r["m"], r["h"], r["b"]))
+        out: dict[tuple[int, int, int, int], list[int]] = {}
         for i in order:
-            out.setdefault((int(r["b"][i]), int(r["h"][i]), int(r["m"][i])), []).append(int(r["n"][i]))
+            key = (int(r["b"][i]), int(r["h"][i]), int(r["m"][i]), int(chain[i]))
+            out.setdefault(key, []).append(int(r["n"][i]))
         return out
 
     def plan(self):
@@ -120,8 +134,8 @@ class TraceResult:
         * every (column, Q tile) step of the model was recorded exactly once;
         * each column visited its Q tiles in the model's order (``step`` numbers);
         * deterministic runs: every recorded turn is the model's ``turn(m, n)``, and within
-          each tile the acquisition times do not decrease with the turn (the measured order
-          of the adds is the model's accumulation order);
+          each accumulation chain of a tile (``chains``) the acquisition times do not decrease
+          with the turn (the measured order of the adds is the model's accumulation order);
         * static schedules: each CTA ran exactly the model's work list, in order.
         """
         plan = self.plan() if plan is None else plan
@@ -152,9 +166,10 @@ class TraceResult:
             bad = int((model_turn != r["turn"]).sum())
             if bad:
                 problems.append(f"{bad} recorded turns differ from the model's turn(m, n)")
-            key = np.lexsort((r["turn"], r["m"], r["h"], r["b"]))
-            tb, th, tm, ta = r["b"][key], r["h"][key], r["m"][key], r["t_acquired"][key]
-            same_tile = (tb[1:] == tb[:-1]) & (th[1:] == th[:-1]) & (tm[1:] == tm[:-1])
+            chain = self._chain_of_turn()
+            key = np.lexsort((r["turn"], chain, r["m"], r["h"], r["b"]))
+            tb, th, tm, tc, ta = r["b"][key], r["h"][key], r["m"][key], chain[key], r["t_acquired"][key]
+            same_tile = (tb[1:] == tb[:-1]) & (th[1:] == th[:-1]) & (tm[1:] == tm[:-1]) & (tc[1:] == tc[:-1])
             back = int((same_tile & (ta[1:] < ta[:-1])).sum())
             if back:
                 problems.append(f"{back} turns were acquired before their predecessor's (the order is not the model's)")
@@ -177,9 +192,9 @@ class TraceResult:
 
         * ``c``: the MMA warpgroups' period: median time from one dQ partial to the next of
           the same column on one CTA, after a partial that did not wait for its turn;
-        * the hand-off ``r + latency``: median time between two consecutive acquisitions of
-          one tile when the second contributor was already waiting (its partial ready before
-          the first one's release) — the reduce-add, its completion, the release and the
+        * the hand-off ``r + latency``: median time between two consecutive acquisitions in
+          one accumulation chain of a tile when the second contributor was already waiting (its
+          partial ready before the first one's release) — the reduce-add, its completion, the release and the
           poll; split evenly between ``r`` and ``latency`` (the model uses their sum on the
           chain of a tile, and ``r`` alone on a CTA's own writer, which a trace cannot tell
           apart). Without determinism: ``r`` = median release - ready, ``latency`` 0;
@@ -201,10 +216,11 @@ class TraceResult:
             periods = (ready[1:] - ready[:-1])[same_col]
         c = float(np.median(periods)) if len(periods) else 1.0
         if self.deterministic:
-            key = np.lexsort((r["turn"], r["m"], r["h"], r["b"]))
-            kb, kh, km = r["b"][key], r["h"][key], r["m"][key]
+            chain = self._chain_of_turn()
+            key = np.lexsort((r["turn"], chain, r["m"], r["h"], r["b"]))
+            kb, kh, km, kc = r["b"][key], r["h"][key], r["m"][key], chain[key]
             kr, ka, kd = r["t_ready"][key], r["t_acquired"][key], r["t_done"][key]
-            nxt = (kb[1:] == kb[:-1]) & (kh[1:] == kh[:-1]) & (km[1:] == km[:-1])
+            nxt = (kb[1:] == kb[:-1]) & (kh[1:] == kh[:-1]) & (km[1:] == km[:-1]) & (kc[1:] == kc[:-1])
             waiting = nxt & (kr[1:] < kd[:-1])
             gaps = (ka[1:] - ka[:-1])[waiting]
             hand = float(np.median(gaps)) if len(gaps) else 0.0
@@ -218,8 +234,10 @@ class TraceResult:
     def simulate_model(self, costs: Optional[Costs] = None) -> SimResult:
         """The model's simulation of this run, with ``costs`` (default: fitted to this trace)."""
         from dash.schedules import simulate
+        from dash.schedules.auto import kernel_pipeline_depth
 
-        return simulate(self.plan(), costs or self.fit_costs())
+        depth = kernel_pipeline_depth(self.problem.head_dim, self.problem.causal)
+        return simulate(self.plan(), costs or self.fit_costs(), depth, chains=self.chains)
 
     def summary(self) -> dict:
         """Numbers for a report: steps, makespan, wait fractions, fitted costs, model makespan."""

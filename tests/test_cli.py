@@ -483,7 +483,7 @@ def _expected_smem(cfg: C.BwdTileConfig, elem: int = 2) -> int:
     return (2 * n * d * elem  # K and V
             + cfg.q_stages * m * d * elem + cfg.do_stages * m * d * elem  # Q, dO stages
             + cfg.ds_stages * m * n * elem  # dS stages
-            + m * d * 4  # fp32 dQ accumulator tile
+            + cfg.dq_stages * m * d * 4  # fp32 dQ staging tiles
             + (cfg.q_stages + cfg.do_stages) * m * 4)  # LSE and D rows
 
 
@@ -502,6 +502,10 @@ def test_tile_config_invariants_are_enforced():
         C.BwdTileConfig(64, False, 96, 128, 2, 2, 2, 2)
     with pytest.raises(ValueError, match="head_dim=96"):
         C.BwdTileConfig(96, False, 64, 128, 2, 2, 2, 2)
+    with pytest.raises(ValueError, match="dq_stages=3 must be 1 or 2"):
+        C.BwdTileConfig(64, False, 128, 128, 2, 2, 2, 2, 3)
+    with pytest.raises(ValueError, match="dq_chains=3 must be 1, 2 or 4"):
+        C.BwdTileConfig(64, False, 128, 128, 2, 2, 2, 2, 1, 3)
 
 
 def test_check_table_rejects_bad_tables():
@@ -542,6 +546,8 @@ def test_render_cpp_header_has_every_config():
             "kStagesQ": _cpp(cfg.q_stages),
             "kStagesdO": _cpp(cfg.do_stages),
             "kStagesdS": _cpp(cfg.ds_stages),
+            "kStagesdQ": _cpp(cfg.dq_stages),
+            "kdQChains": _cpp(cfg.dq_chains),
             "dQ_split_rows": _cpp(cfg.dq_split_rows),
         }
     dims = ", ".join(map(str, C.SUPPORTED_HEAD_DIMS))

@@ -19,7 +19,7 @@ import torch
 
 from dash import reference
 from dash.api import attention_backward
-from dash.config import KERNEL_SCHEDULES, PORTABLE_KERNEL_SCHEDULES
+from dash.config import KERNEL_SCHEDULES, PORTABLE_KERNEL_SCHEDULES, bwd_tile_config
 
 pytestmark = pytest.mark.gpu
 
@@ -81,6 +81,28 @@ def test_every_schedule_matches_reference(seqlens, causal, head_dim):
                     continue
             grads = attention_backward(dout, q, k, v, out, lse, causal=causal, deterministic=det, schedule=schedule)
             _check(q, k, v, dout, out, lse, causal, grads, f"{schedule} det={det} {seqlens} causal={causal}")
+
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("seqlens", [(1000, 100), (129, 64), (200, 333), (640, 64)])
+def test_deterministic_dq_reads_only_chains_that_were_written(seqlens, head_dim):
+    """A deterministic run stores the first add of each dQ accumulation chain instead of
+    zeroing the workspace; a tile with fewer contributions than chains (one column; rows that
+    see no key under a causal mask with seqlen_q > seqlen_k) must not read the chain nobody
+    wrote. The caching allocator is first filled with NaN, so such a read would surface."""
+    sq, sk = seqlens
+    q, k, v, dout = _inputs(2, sq, sk, 3, 3, head_dim, _seed())
+    for causal in (False, True):
+        out, lse = _forward(q, k, v, causal)
+        for schedule in _schedules(causal):
+            cfg = bwd_tile_config(head_dim, causal)
+            if schedule == "shift" and min(-(-sk // cfg.block_n), _sms()) > -(-sq // cfg.block_m):
+                continue  # shift refuses this shape (test_every_schedule_matches_reference)
+            junk = torch.full((64 << 20,), float("nan"), device="cuda")  # 256 MiB back to the cache
+            del junk
+            grads = attention_backward(dout, q, k, v, out, lse, causal=causal, deterministic=True, schedule=schedule)
+            _check(q, k, v, dout, out, lse, causal, grads, f"{schedule} {seqlens} causal={causal} (NaN-filled cache)")
 
 
 def _repeat_bitwise(q, k, v, dout, out, lse, causal, schedule, repeats, sm_margin=0):
@@ -230,9 +252,10 @@ def test_gqa_in_kernel_reduction_accuracy_and_bits(heads, heads_k, causal):
 
 
 def test_gqa_has_no_per_head_dk_dv_copies():
-    """Peak memory of a GQA 32/8 backward: the outputs, the fp32 dQ workspace and the fp32
-    group accumulators of dK/dV, and nothing per query head (per-head bf16 dK/dV copies,
-    what DASH used to keep, would add 2 x 32 heads x 4096 x 128 x 2 B = 64 MiB)."""
+    """Peak memory of a GQA 32/8 backward: the outputs, the fp32 dQ workspaces (one per
+    accumulation chain of the deterministic mode, config.py dq_chains) and the fp32 group
+    accumulators of dK/dV, and nothing per query head (per-head bf16 dK/dV copies, what DASH
+    used to keep, would add 2 x 32 heads x 4096 x 128 x 2 B = 64 MiB)."""
     q, k, v, dout = _inputs(1, 4096, 4096, 32, 8, 128, _seed())
     out, lse = _forward(q, k, v, True)
     torch.cuda.synchronize()
@@ -242,7 +265,8 @@ def test_gqa_has_no_per_head_dk_dv_copies():
     torch.cuda.synchronize()
     extra = torch.cuda.max_memory_allocated() - base
     outputs = (q.numel() + 2 * k.numel()) * 2          # dq, dk, dv (bf16)
-    dq_workspace = q.numel() * 4 + 2 * q.numel() // 128 * 4  # dQaccum + LSE/D rows (fp32)
+    chains = bwd_tile_config(128, True).dq_chains
+    dq_workspace = chains * q.numel() * 4 + 2 * q.numel() // 128 * 4  # dQaccum chains + LSE/D rows (fp32)
     group_accumulators = 2 * k.numel() * 4             # dK, dV (fp32, one per KV head)
     needed = outputs + dq_workspace + group_accumulators
     per_head_copies = 2 * q.numel() * 2

@@ -134,3 +134,22 @@ def test_every_schedule_is_valid_on_larger_shapes(p, P, portable):
         plan = _plan_or_skip(p, name, P, portable)
         if plan is not None:
             assert validate(plan, timing_trials=1).ok, name
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems(), st.integers(1, 24), st.sampled_from([2, 3]))
+def test_accumulation_chains_stay_valid_and_never_slow_a_schedule_down(p, P, chains):
+    """The kernel's deterministic mode splits each tile's adds into chains (turn t: add t //
+    chains of chain t % chains). Every schedule stays deadlock-free with its adds in turn order
+    within each chain under random timing, and the makespan never grows: a wait for turn
+    t - chains is implied by the one-chain waits for t - 1, t - 2, ..."""
+    costs = Costs(c=1.0, r=0.4, latency=0.3)
+    for name in SCHEDULE_NAMES:
+        plan = _plan_or_skip(p, name, P)
+        if plan is None:
+            continue
+        rep = validate(plan, timing_trials=1, chains=chains)
+        assert rep.ok, (name, P, chains, rep.problems)
+        one, split = simulate(plan, costs), simulate(plan, costs, chains=chains)
+        assert split.makespan <= one.makespan + 1e-9, (name, P, chains)
+        assert split.lower_bound <= split.makespan + 1e-9

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from dash.schedules import Costs, Problem, make_plan, simulate
+from dash.schedules.auto import kernel_dq_chains
 from dash.trace import TraceResult, decode_records
 
 
@@ -35,7 +36,7 @@ def _raw_from_simulation(plan, res) -> np.ndarray:
 
 def _trace(problem, schedule, ctas, costs=Costs(c=2.0, r=0.5, latency=0.2)):
     plan = make_plan(problem, schedule, ctas)
-    res = simulate(plan, costs)
+    res = simulate(plan, costs, chains=kernel_dq_chains(problem.head_dim, problem.causal))  # the kernel's
     raw = _raw_from_simulation(plan, res)
     return plan, res, raw, TraceResult(problem, schedule, True, ctas, decode_records(raw, problem.heads_q))
 
@@ -56,8 +57,9 @@ def test_the_models_own_trace_passes_every_check(problem, schedule, ctas):
     # The turn waits are the model's: reduction start - compute end (partial ready).
     assert tr.wait_us().sum() == pytest.approx(np.maximum(res.reduce_start - res.compute_end, 0).sum(), rel=1e-3, abs=1e-2)
     order = tr.accumulation_order()
-    for (b, h, m), cols in order.items():  # acquisitions follow the turns
-        assert [int(plan.turn[b, h, m, n]) for n in cols] == sorted(int(plan.turn[b, h, m, n]) for n in cols)
+    for (b, h, m, chain), cols in order.items():  # acquisitions follow the turns within a chain
+        turns = [int(plan.turn[b, h, m, n]) for n in cols]
+        assert turns == sorted(turns) and all(t % tr.chains == chain for t in turns)
 
 
 def test_decode_drops_unwritten_rows_and_splits_heads():
@@ -85,8 +87,9 @@ def test_an_out_of_order_acquisition_is_caught():
     problem, schedule, ctas = CASES[1]
     plan, _, raw, _ = _trace(problem, schedule, ctas)
     ids = raw[:, :4].copy().view(np.int32).reshape(len(raw), 8)
-    # The contribution with turn 1 of some tile acquires before the one with turn 0.
-    j = int(np.flatnonzero(ids[:, 5] == 1)[0])
+    # The contribution with turn `chains` of some tile acquires before the one with turn 0
+    # (the next add of the same chain).
+    j = int(np.flatnonzero(ids[:, 5] == kernel_dq_chains(problem.head_dim, problem.causal))[0])
     i = int(np.flatnonzero((ids[:, 5] == 0) & (ids[:, 1] == ids[j, 1]) & (ids[:, 3] == ids[j, 3]))[0])
     raw[j, 6] = raw[i, 6] - 1000
     tr = TraceResult(problem, schedule, True, ctas, decode_records(raw, problem.heads_q))

@@ -22,7 +22,7 @@ for s in "$@"; do case $s in
   hf)       stage hf 240 $PY -m pytest -q -x tests/test_integration_transformers.py ;;
   slow)     stage slow 500 $PY -m pytest -q -x -m slow tests/test_schedules_gpu.py tests/test_bwd_gpu.py ;;
   bench)    stage bench 420 $PY benchmarks/bench_bwd.py --out-dir "$OUT" ;;
-  sanitize) for tool in synccheck racecheck memcheck; do
+  sanitize) for tool in synccheck racecheck memcheck initcheck; do
               stage "sanitize-$tool" 120 env PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool $tool \
                 --kernel-name regex=bwd_ --print-limit 20 $PY tools/sanitize_bwd.py; done ;;
   fa3build) # upstream FA3 as an anchor (never part of the repository): .anchors/fa3 prepared by

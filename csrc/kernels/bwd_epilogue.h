@@ -39,13 +39,21 @@ struct BwdEpilogue {
   // flight: one writer waits for its add to land in global memory and releases the tile
   // while the other already takes the next partial, so the deterministic hand-off no longer
   // serialises the dQ path (with one writer the kernel ran at the writer's pace whenever
-  // the hand-off took longer than a step: hdim 128, 64x128 tiles).
+  // the hand-off took longer than a step: hdim 128, 64x128 tiles). With two staging
+  // buffers (kStagesdQ == 2) each writer owns one: step g's partial goes to buffer g % 2,
+  // which the writer of step g - 2 freed, so a writer waiting for its tile's turn stalls
+  // the MMA warpgroups only once it is a whole step late (with one buffer, any wait did:
+  // step g + 1's store needed step g's slice read, i.e. step g's turn acquired).
   //
   // Deterministic protocol for the contribution of column n to Q tile m (once both MMA
-  // warpgroups' partials are in the staging slices):
-  //   1. lane 0 spins (ld.acquire.gpu) until sem[m] == turn(m, n), then a proxy fence so
+  // warpgroups' partials are in the staging slices). With t = turn(m, n), the contribution
+  // goes to chain c = t % kdQChains of the tile (its own fp32 copy and semaphore) as its
+  // r = t / kdQChains-th add (config.py: dq_chains); the convert kernel sums the chains in
+  // index order:
+  //   1. lane 0 spins (ld.acquire.gpu) until sem[c][m] == r, then a proxy fence so
   //      that our async-proxy reduce-add is ordered after the acquire;
-  //   2. reduce-add every warpgroup's slice (cp.reduce.async.bulk, one group);
+  //   2. reduce-add every warpgroup's slice (cp.reduce.async.bulk, one group), or, with
+  //      several chains, for r == 0 store it (cp.async.bulk): their dQaccum is not zeroed;
   //   3. wait_group.read 0: smem slices may be reused -> release them to the MMA warps;
   //   4. wait_group 0 (no .read): the adds have been *performed in global memory*;
   //      proxy fence, then red.release.gpu sem[m] += 1.
@@ -62,10 +70,12 @@ struct BwdEpilogue {
     constexpr uint32_t kBarThreads = 128 + 32;
     bool const tracer = params.trace != nullptr && lane == 0;  // lane 0 records in trace mode
 
-    // The staging slices start empty: the MMA's step 0 waits on parity 1's "empty".
-    if (writer == 1) {
+    // The staging buffers start empty. Step g waits on "empty" of parity (g + kStagesdQ) & 1
+    // (the writer of step g - kStagesdQ), so the first kStagesdQ steps wait on arrivals
+    // made here: parity 1 for step 0 with one buffer, both parities with two.
+    if (writer >= 2 - Traits::kStagesdQ) {
       CUTLASS_PRAGMA_UNROLL
-      for (int w = 0; w < NumMmaWarpGroups; ++w) { ptx::named_arrive(dq_empty_barrier(w, 1), kBarThreads); }
+      for (int w = 0; w < NumMmaWarpGroups; ++w) { ptx::named_arrive(dq_empty_barrier(w, writer), kBarThreads); }
     }
     int g0 = 0;  // the CTA's steps before the current column
     for_each_scheduled_item(params.schedule, ss.work, [&](int item) {
@@ -85,18 +95,30 @@ struct BwdEpilogue {
         CUTLASS_PRAGMA_UNROLL
         for (int w = 0; w < NumMmaWarpGroups; ++w) { ptx::named_sync(dq_full_barrier(w, writer), kBarThreads); }
         if (rec >= 0) { params.trace[rec].t_ready = ptx::globaltimer_ns(); }
+        int slot = tile;     // the dQaccum tile and semaphore this step adds into
+        bool store = false;  // the first add of a chain stores (kdQChains > 1: nothing zeroed it)
         if (params.deterministic && lane == 0) {
           int const turn = sched.turn(col, m);
           if (rec >= 0) { params.trace[rec].turn = turn; }
-          while (ptx::ld_acquire_gpu(params.dq_semaphore + tile) != turn) {}
+          int const rank = turn / Traits::kdQChains;  // position in the chain of turn % kdQChains
+          slot = (turn % Traits::kdQChains) * params.dq_chain_tiles + tile;
+          // With one chain the preprocess zeroes dQaccum and every contribution adds: a bulk
+          // store as the first add measured 2-3 % slower there (full masks, docs/kernel-notes.md).
+          store = Traits::kdQChains > 1 && rank == 0;
+          while (ptx::ld_acquire_gpu(params.dq_semaphore + slot) != rank) {}
           ptx::fence_proxy_async_global();
         }
         if (rec >= 0) { params.trace[rec].t_acquired = ptx::globaltimer_ns(); }
         if (lane == 0) {
+          float* const dst = params.dq_accum + int64_t(slot) * (kBlockM * kHeadDim);
           CUTLASS_PRAGMA_UNROLL
           for (int w = 0; w < NumMmaWarpGroups; ++w) {
-            ptx::bulk_reduce_add_f32(params.dq_accum + int64_t(tile) * (kBlockM * kHeadDim) + w * kSliceFloats,
-                                     ss.smem_dq + w * kSliceFloats, kSliceFloats * sizeof(float));
+            float const* const src = ss.smem_dq + dq_slice_offset(g0 + step, w);
+            if (store) {
+              ptx::bulk_store(dst + w * kSliceFloats, src, kSliceFloats * sizeof(float));
+            } else {
+              ptx::bulk_reduce_add_f32(dst + w * kSliceFloats, src, kSliceFloats * sizeof(float));
+            }
           }
           ptx::bulk_commit_group();
           ptx::bulk_wait_group_read<0>();
@@ -108,7 +130,7 @@ struct BwdEpilogue {
           if (params.deterministic) {
             ptx::bulk_wait_group<0>();
             ptx::fence_proxy_async_global();
-            ptx::red_release_gpu_add(params.dq_semaphore + tile, 1);
+            ptx::red_release_gpu_add(params.dq_semaphore + slot, 1);
           }
           if (rec >= 0) { params.trace[rec].t_done = ptx::globaltimer_ns(); }
         }
@@ -116,6 +138,12 @@ struct BwdEpilogue {
       g0 += num_steps;
     });
     if (lane == 0) { ptx::bulk_wait_group<0>(); }
+  }
+
+  // Where warpgroup w's slice of step g's staging buffer starts in smem_dq (floats).
+  static __device__ __forceinline__ int dq_slice_offset(int g, int w) {
+    int const buffer = Traits::kStagesdQ == 2 ? (g & 1) : 0;
+    return (buffer * NumMmaWarpGroups + w) * Traits::kdQSliceFloats;
   }
 
   // Named barriers of warpgroup w's dQ staging slice for steps of parity p (see dq_writer).

@@ -125,6 +125,13 @@ void run_bwd_impl(BwdParams const& p, cudaStream_t stream) {
                                 std::to_string(INT_MAX / 2));
   }
   int const num_columns = int(num_columns64);
+  // The dQ writers address chain c of dQ tile t as the 32-bit index c * tiles + t.
+  int64_t const dq_tiles64 = int64_t(num_m_blocks) * p.num_heads * p.batch * Traits::kdQChains;
+  if (dq_tiles64 > INT_MAX) {
+    throw std::invalid_argument("DASH backward: " + std::to_string(dq_tiles64 / Traits::kdQChains) +
+                                " Q tiles (Q tiles x heads x batch) exceed the supported " +
+                                std::to_string(INT_MAX / Traits::kdQChains));
+  }
   if (p.num_ctas_max < 1) {
     throw std::invalid_argument("DASH backward: no SM left for the persistent grid (num_ctas_max=" +
                                 std::to_string(p.num_ctas_max) + "); lower sm_margin");
@@ -176,8 +183,11 @@ void run_bwd_impl(BwdParams const& p, cudaStream_t stream) {
   pp.dq = p.dq;
   pp.dq_strides = p.dq_strides;
   pp.seqlen_q = p.seqlen_q;
+  pp.seqlen_k = p.seqlen_k;
   pp.num_heads = p.num_heads;
   pp.num_m_blocks = num_m_blocks;
+  pp.dq_chains = p.deterministic ? Traits::kdQChains : 1;
+  pp.dq_chain_tiles = int64_t(num_m_blocks) * p.num_heads * p.batch;
   pp.stats_bh_stride = stats_bh_stride;
   pp.softmax_scale = p.softmax_scale;
 
@@ -211,6 +221,7 @@ void run_bwd_impl(BwdParams const& p, cudaStream_t stream) {
     mp.stats_bh_stride = stats_bh_stride;
     mp.dq_accum = p.dq_accum;
     mp.dq_semaphore = p.dq_semaphore;
+    mp.dq_chain_tiles = int(pp.dq_chain_tiles);
     mp.counters = p.counters;
     mp.dk = static_cast<Element*>(p.dk);
     mp.dv = static_cast<Element*>(p.dv);

@@ -232,7 +232,6 @@ struct BwdMainKernel {
     auto smem_thr_copy_dS = smem_tiled_copy_dS.get_thread_slice(mma_tidx);
     Tensor tdSsdS = smem_thr_copy_dS.partition_D(as_position_independent_swizzle_tensor(sdSt));  // (.., stage)
 
-    float4* sdQ_slice = reinterpret_cast<float4*>(ss.smem_dq + wg * Traits::kdQSliceFloats);
 
     StageState stage;
     int ds_stage = 0;
@@ -319,9 +318,12 @@ struct BwdMainKernel {
         warpgroup_wait<1>();  // dQ GEMM done
         if (step == num_steps - 1) { ptx::mbar_arrive(&ss.bar_k_empty); }  // last read of this column's K
 
-        // dQ partial -> this warpgroup's staging slice, for the dQ writer of this step's
-        // parity (the slice is free once the writer of the previous step has read it).
-        ptx::named_sync(Epilogue::dq_empty_barrier(wg, (g + 1) & 1), 128 + 32);
+        // dQ partial -> this warpgroup's slice of staging buffer g % kStagesdQ, for the dQ
+        // writer of this step's parity. The buffer is free once the writer of step
+        // g - kStagesdQ has read it: with two buffers the MMA can run a whole step ahead of
+        // a writer that waits for its tile's turn, instead of stalling here.
+        ptx::named_sync(Epilogue::dq_empty_barrier(wg, (g + Traits::kStagesdQ) & 1), 128 + 32);
+        float4* sdQ_slice = reinterpret_cast<float4*>(ss.smem_dq + Epilogue::dq_slice_offset(g, wg));
         CUTLASS_PRAGMA_UNROLL
         for (int j = 0; j < Traits::kdQValuesPerThread / 4; ++j) {
           sdQ_slice[j * 128 + wg_tidx] =

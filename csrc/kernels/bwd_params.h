@@ -74,11 +74,13 @@ struct BwdParams {
   BwdTraceRecord* trace = nullptr;
   int64_t trace_capacity = 0;
 
-  // Workspace, sized by bwd_workspace_sizes() and zero-initialised by the preprocess kernel.
+  // Workspace, sized by bwd_workspace_sizes() and initialised by the preprocess kernel (dQaccum
+  // is zeroed when it has one chain; with several, the first add of each chain stores).
   float* lse_log2 = nullptr;      // (batch, heads, seqlen_q rounded up to kBlockM)
   float* dpsum = nullptr;         // D = rowsum(dO * O), same shape
-  float* dq_accum = nullptr;      // (batch, heads, num_m_blocks, kBlockM * head_dim), MMA fragment order
-  int* dq_semaphore = nullptr;    // (batch, heads, num_m_blocks)
+  // dQ chains: 1, or the config's kdQChains when deterministic (chain c of tile t at c * tiles + t).
+  float* dq_accum = nullptr;      // (chains, batch, heads, num_m_blocks, kBlockM * head_dim), MMA fragment order
+  int* dq_semaphore = nullptr;    // (chains, batch, heads, num_m_blocks)
   int* counters = nullptr;        // kNumCounters ints, zeroed by the preprocess kernel
 };
 

@@ -2,13 +2,15 @@
 //
 // bwd_preprocess_kernel  (grid: Q tiles x heads x batch): D = rowsum(dO * O) in fp32,
 //   LSE in log2 units (padded rows +inf so their P is 0; fully masked rows 0 so their P is
-//   0 rather than NaN), zeroes this tile's dQaccum chunk and dQ semaphore (and the block of
-//   tile (0, 0, 0) the counters). It is the only initialiser of the workspace, so it must
-//   precede the main kernel on the same stream.
+//   0 rather than NaN), zeroes this tile's dQ semaphores (and the block of tile (0, 0, 0) the
+//   counters), and with a single dQ chain its dQaccum chunk. It is the only initialiser of
+//   the workspace, so it must precede the main kernel on the same stream.
 //
 // bwd_convert_dq_kernel  (same grid): dQ = scale * dQaccum, cast to the output dtype. The
 //   dQaccum chunk is in the main kernel's fragment order; the same TiledMmadQ partition
-//   maps it back to (row, col).
+//   maps it back to (row, col). Deterministic runs sum the tile's chains in index order:
+//   chain c holds the adds with turns c, c + kdQChains, ... (its first add stored, so
+//   a chain no column added to is never read: the tile has n_end(m) contributions).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -32,7 +34,9 @@ struct PrepostParams {
   int* counters;  // BwdCounter
   void* dq;
   BSHDStrides dq_strides;
-  int seqlen_q, num_heads, num_m_blocks;
+  int seqlen_q, seqlen_k, num_heads, num_m_blocks;
+  int dq_chains;           // 1, or Traits::kdQChains when deterministic (bwd_params.h)
+  int64_t dq_chain_tiles;  // tiles per chain: batch * heads * num_m_blocks
   int64_t stats_bh_stride;
   float softmax_scale;
 };
@@ -80,9 +84,12 @@ __global__ void __launch_bounds__(kPreprocessThreads)
     p.lse_log2[bh * p.stats_bh_stride + row] = lse_log2;
   }
 
-  float4* chunk = reinterpret_cast<float4*>(p.dq_accum + (bh * p.num_m_blocks + m) * (kBlockM * kHeadDim));
-  for (int i = tid; i < kBlockM * kHeadDim / 4; i += kPreprocessThreads) { chunk[i] = make_float4(0.f, 0.f, 0.f, 0.f); }
-  if (tid == 0) { p.dq_semaphore[bh * p.num_m_blocks + m] = 0; }
+  int64_t const tile = bh * p.num_m_blocks + m;
+  if (p.dq_chains == 1) {  // several (deterministic) chains start with a store instead
+    float4* chunk = reinterpret_cast<float4*>(p.dq_accum + tile * (kBlockM * kHeadDim));
+    for (int i = tid; i < kBlockM * kHeadDim / 4; i += kPreprocessThreads) { chunk[i] = make_float4(0.f, 0.f, 0.f, 0.f); }
+  }
+  if (tid < p.dq_chains) { p.dq_semaphore[tid * p.dq_chain_tiles + tile] = 0; }
   if (tid < kNumCounters && m == 0 && h == 0 && b == 0) { p.counters[tid] = 0; }
 }
 
@@ -99,16 +106,31 @@ __global__ void __launch_bounds__(Traits::NumMmaThreads)
   int const wg = tid / 128, wg_tidx = tid % 128;
   int64_t const bh = int64_t(b) * p.num_heads + h;
 
-  float4 const* slice = reinterpret_cast<float4 const*>(p.dq_accum + (bh * p.num_m_blocks + m) * (kBlockM * kHeadDim) +
-                                                        wg * Traits::kdQSliceFloats);
+  int64_t const tile = bh * p.num_m_blocks + m;
+  // Chains that received an add: all of them without determinism (one, zeroed by the
+  // preprocess), else min(chains, contributions), the tile's contributions being the columns
+  // [0, n_end(m)) (schedule.h).
+  int chains = p.dq_chains;
+  if (chains > 1) {
+    TileGeometryT<StaticBlocks<kBlockM, Traits::kBlockN>> geo;
+    geo.seqlen_q = p.seqlen_q;
+    geo.seqlen_k = p.seqlen_k;
+    geo.causal = Traits::Is_causal;
+    chains = min_int(chains, geo.n_end(m));
+  }
   Tensor vals = make_tensor<float>(Int<kValues>{});
-  CUTLASS_PRAGMA_UNROLL
-  for (int j = 0; j < kValues / 4; ++j) {
-    float4 const v = slice[j * 128 + wg_tidx];
-    vals(4 * j) = v.x;
-    vals(4 * j + 1) = v.y;
-    vals(4 * j + 2) = v.z;
-    vals(4 * j + 3) = v.w;
+  clear(vals);
+  for (int c = 0; c < chains; ++c) {  // in chain order: the sum's order is fixed
+    float4 const* slice = reinterpret_cast<float4 const*>(p.dq_accum + (c * p.dq_chain_tiles + tile) * (kBlockM * kHeadDim) +
+                                                          wg * Traits::kdQSliceFloats);
+    CUTLASS_PRAGMA_UNROLL
+    for (int j = 0; j < kValues / 4; ++j) {
+      float4 const v = slice[j * 128 + wg_tidx];
+      vals(4 * j) += v.x;
+      vals(4 * j + 1) += v.y;
+      vals(4 * j + 2) += v.z;
+      vals(4 * j + 3) += v.w;
+    }
   }
   typename Traits::TiledMmadQ tiled_mma_dQ;
   Tensor tdQcdQ = tiled_mma_dQ.get_thread_slice(tid).partition_C(

@@ -33,6 +33,8 @@ struct BwdTraits {
   static constexpr int kStagesQ = Config::kStagesQ;
   static constexpr int kStagesdO = Config::kStagesdO;
   static constexpr int kStagesdS = Config::kStagesdS;
+  static constexpr int kStagesdQ = Config::kStagesdQ;
+  static constexpr int kdQChains = Config::kdQChains;  // deterministic dQ accumulation chains
   static constexpr bool dQ_split_rows = Config::dQ_split_rows;
 
   static_assert(NumMmaWarpGroups == 2, "the register budget (24/240) assumes two MMA warpgroups");
@@ -41,6 +43,8 @@ struct BwdTraits {
   // its dQ GEMM; with one buffer that write would need an extra barrier.
   static_assert(kStagesdS == 2, "the consumer's barrier placement assumes double-buffered dS");
   static_assert(kStagesQ == kStagesdO, "Q and dO advance in lock step");
+  // The two dQ writers take alternate steps; with two staging buffers each writer owns one.
+  static_assert(kStagesdQ == 1 || kStagesdQ == 2, "dQ staging: one buffer, or one per writer");
 
   // Register budget after setmaxnreg: 128*24 + 256*240 = 64512 = 384 threads * 168 (what
   // the launch allocates, so the MMA warpgroups' increase is always satisfiable).
@@ -102,7 +106,8 @@ struct BwdTraits {
   // dQ partial staging: per warpgroup a linear slice in which thread t stores its
   // accumulator values i = 4j..4j+3 as the float4 at index j*128 + t. The fp32 dQaccum
   // workspace receives these slices verbatim, so it is in this "fragment order" too;
-  // the convert kernel undoes it with the same TiledMmadQ partition.
+  // the convert kernel undoes it with the same TiledMmadQ partition. Step g of a CTA uses
+  // staging buffer g % kStagesdQ (warpgroup w's slice at (buffer * NumMmaWarpGroups + w)).
   static constexpr int kdQSliceFloats = kBlockM * kHeadDim / NumMmaWarpGroups;
   static constexpr int kdQValuesPerThread = kdQSliceFloats / 128;
   static_assert(kdQValuesPerThread % 4 == 0);
@@ -130,7 +135,7 @@ struct BwdTraits {
     alignas(1024) Element smem_q[cosize_v<SmemLayoutQ>];
     alignas(1024) Element smem_do[cosize_v<SmemLayoutdO>];
     alignas(1024) Element smem_ds[cosize_v<SmemLayoutdS>];
-    alignas(128) float smem_dq[kBlockM * kHeadDim];
+    alignas(128) float smem_dq[kStagesdQ * kBlockM * kHeadDim];
     alignas(128) float smem_lse[kStagesQ * kBlockM];
     alignas(128) float smem_dpsum[kStagesdO * kBlockM];
     alignas(8) uint64_t bar_k_full;
@@ -159,6 +164,7 @@ struct BwdTraits {
     int64_t stats_bh_stride;  // = seqlen_q_rounded
     float* dq_accum;
     int* dq_semaphore;
+    int dq_chain_tiles;  // deterministic: chain c of dQ tile t is tile c * dq_chain_tiles + t
     int* counters;  // BwdCounter: work items claimed, trace records; zeroed by the preprocess kernel
     Element* dk;
     Element* dv;

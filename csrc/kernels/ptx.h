@@ -97,6 +97,13 @@ __device__ __forceinline__ void bulk_reduce_add_f32(float* gmem_dst, float const
       : "memory");
 }
 
+// gmem[i] = smem[i], the same bulk operation without the add (bulk async-group as above).
+__device__ __forceinline__ void bulk_store(void* gmem_dst, void const* smem_src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(gmem_dst),
+               "r"(smem_addr(smem_src)), "r"(bytes)
+               : "memory");
+}
+
 __device__ __forceinline__ void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 
 // Waits until at most N bulk groups still *read shared memory*: the source buffer may be

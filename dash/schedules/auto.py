@@ -107,13 +107,36 @@ def kernel_costs(head_dim: int, causal: bool) -> Costs:
     return KERNEL_COSTS.get((int(head_dim), bool(causal)), DEFAULT_KERNEL_COSTS)
 
 
+def kernel_dq_chains(head_dim: int, causal: bool) -> int:
+    """Accumulation chains per dQ tile of the kernel's deterministic mode (``dq_chains`` of the
+    config table; ``simulate(..., chains=)``)."""
+    from dash.config import bwd_tile_config
+
+    try:
+        return bwd_tile_config(int(head_dim), bool(causal)).dq_chains
+    except NotImplementedError:
+        return 1
+
+
+def kernel_pipeline_depth(head_dim: int, causal: bool) -> int:
+    """How many steps the kernel's MMA warpgroups may run ahead of the dQ reduce-adds: its
+    dQ staging buffers (``dq_stages`` of the config table; the model's ``depth``)."""
+    from dash.config import bwd_tile_config
+
+    try:
+        return bwd_tile_config(int(head_dim), bool(causal)).dq_stages
+    except NotImplementedError:
+        return 1
+
+
 @lru_cache(maxsize=1024)
 def choose_kernel_schedule(batch: int, heads: int, heads_kv: int, seqlen_q: int, seqlen_k: int, head_dim: int,
                            causal: bool, ctas: int, deterministic: bool = True) -> str:
     """``schedule="auto"``: the portable kernel schedule the calibrated model finds fastest.
 
     Ranks ``PORTABLE_KERNEL_SCHEDULES`` (ties: the earlier name) on at most
-    ``AUTO_MAX_WAVES`` waves of the grid's columns, with the full problem's L2 sections. Cached
+    ``AUTO_MAX_WAVES`` waves of the grid's columns, with the full problem's L2 sections, the
+    kernel's dQ accumulation chains and pipeline depth (``kernel_dq_chains``). Cached
     per shape, so training loops pay it once per shape (up to about 1 s at 16k tokens).
 
     Without determinism the turns are unused and the model, which prices turn waits, has
@@ -141,10 +164,12 @@ def choose_kernel_schedule(batch: int, heads: int, heads_kv: int, seqlen_q: int,
                    heads_kv=part_heads // group, causal=causal)
     sw = l2_section_heads(seqlen_q, head_dim, batch * heads)
     costs = kernel_costs(head_dim, causal)
+    depth = kernel_pipeline_depth(head_dim, causal)
+    chains = kernel_dq_chains(head_dim, causal)
     order = {n: i for i, n in enumerate(PORTABLE_KERNEL_SCHEDULES)}
     best = None
     for name in PORTABLE_KERNEL_SCHEDULES:
-        res = simulate(make_plan(part, name, ctas, section_heads=sw), costs)
+        res = simulate(make_plan(part, name, ctas, section_heads=sw), costs, depth, chains=chains)
         if not res.deadlock_free:  # cannot happen for these orders (tested); never pick one that would
             continue
         key = (round(float(res.makespan), 9), order[name])

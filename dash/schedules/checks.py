@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dash.schedules.orders import Plan, expand_visits, rank_within
-from dash.schedules.simulate import Costs, simulate
+from dash.schedules.simulate import Costs, simulate, turn_chain_keys
 
 
 @dataclass
@@ -97,8 +97,9 @@ def check_turns(plan: Plan) -> list[str]:
 
 
 def validate(plan: Plan, *, costs: Costs | None = None, depth: int = 1, timing_trials: int = 2,
-             seed: int = 0) -> ValidationReport:
-    """Run every check on ``plan`` (see module docstring) and return a report."""
+             seed: int = 0, chains: int = 1) -> ValidationReport:
+    """Run every check on ``plan`` (see module docstring) and return a report. ``chains``:
+    accumulation chains per Q tile (``simulate``); the order check is then per chain."""
     problems = check_coverage(plan)
     coverage_ok = not problems
     tp = check_turns(plan)
@@ -109,7 +110,7 @@ def validate(plan: Plan, *, costs: Costs | None = None, depth: int = 1, timing_t
         problems.append("visit_desc does not reproduce visit_m")
     deadlock_free = timing_ok = True
     if coverage_ok and not tp:
-        res = simulate(plan, costs, depth)
+        res = simulate(plan, costs, depth, chains=chains)
         deadlock_free = res.deadlock_free
         if not deadlock_free:
             problems.append(f"deadlock on {plan.ctas} CTAs: " + "; ".join(
@@ -118,13 +119,14 @@ def validate(plan: Plan, *, costs: Costs | None = None, depth: int = 1, timing_t
         st = plan.steps() if plan.num_steps else None
         for _ in range(timing_trials if deadlock_free else 0):
             S = plan.num_steps
-            r2 = simulate(plan, costs, depth, c_steps=rng.uniform(0.0, 2.0, S), r_steps=rng.uniform(0.05, 1.0, S))
+            r2 = simulate(plan, costs, depth, c_steps=rng.uniform(0.0, 2.0, S), r_steps=rng.uniform(0.05, 1.0, S),
+                          chains=chains)
             if not r2.deadlock_free:
                 timing_ok = False
                 problems.append("deadlock under random timing")
                 break
             if S:
-                tile = (st["b"] * plan.tiling.heads + st["h"]) * plan.tiling.mmax + st["m"]
+                tile = turn_chain_keys(st, plan, chains)
                 order = np.lexsort((r2.reduce_start, tile))
                 tt, tn = tile[order], st["turn"][order]
                 same = tt[1:] == tt[:-1]

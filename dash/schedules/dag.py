@@ -142,7 +142,7 @@ def edge_keeps_all_starts(dag: Dag, u: int, v: int) -> bool:
     return bool(np.allclose(dag.with_edge(u, v).earliest_start(), dag.earliest_start(), rtol=0, atol=1e-9))
 
 
-def plan_dag(plan, costs=None, depth: int = 1, *, with_turns: bool = True) -> tuple[Dag, dict]:
+def plan_dag(plan, costs=None, depth: int = 1, *, with_turns: bool = True, chains: int = 1) -> tuple[Dag, dict]:
     """The simulator's model of ``plan`` as an explicit DAG (for small plans).
 
     Nodes: ``C[k]`` compute and ``R[k]`` reduction of step k (``plan.steps()`` order), then one
@@ -188,7 +188,7 @@ def plan_dag(plan, costs=None, depth: int = 1, *, with_turns: bool = True) -> tu
                 prev_op = int(E[ci])
     turn_edges = []
     if with_turns and S:
-        pred, _ = _turn_links(st, plan)
+        pred, _ = _turn_links(st, plan, chains)
         for k in np.flatnonzero(pred >= 0):
             edges.append((int(R[pred[k]]), int(R[k]), costs.latency))
             turn_edges.append((int(R[pred[k]]), int(R[k])))

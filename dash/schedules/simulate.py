@@ -160,10 +160,20 @@ class SimResult:
                 "portable": bool(self.plan.portable)}
 
 
-def _turn_links(st: dict[str, np.ndarray], plan: Plan) -> tuple[np.ndarray, np.ndarray]:
-    """For every step, the step with the previous turn on its tile (pred) and the next (succ)."""
+def turn_chain_keys(st: dict[str, np.ndarray], plan: Plan, chains: int = 1) -> np.ndarray:
+    """Per step, the accumulation chain it adds to: its Q tile, and with ``chains`` > 1 its
+    turn modulo ``chains`` (the kernel's ``dq_chains`` of its tile config: turn t is add t // chains of
+    chain t % chains, and only adds of one chain wait for each other)."""
+    if chains < 1:
+        raise ValueError(f"chains={chains} must be >= 1")
     t = plan.tiling
     tile = (st["b"] * t.heads + st["h"]) * t.mmax + st["m"]
+    return tile * chains + (st["turn"] % chains if chains > 1 else 0)
+
+
+def _turn_links(st: dict[str, np.ndarray], plan: Plan, chains: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """For every step, the step with the previous turn in its chain (pred) and the next (succ)."""
+    tile = turn_chain_keys(st, plan, chains)
     order = np.lexsort((st["turn"], tile))
     s_tile = tile[order]
     same = np.zeros(len(order), dtype=bool)
@@ -176,8 +186,11 @@ def _turn_links(st: dict[str, np.ndarray], plan: Plan) -> tuple[np.ndarray, np.n
 
 
 def simulate(plan: Plan, costs: Costs | None = None, depth: int = 1, *,
-             c_steps: np.ndarray | None = None, r_steps: np.ndarray | None = None) -> SimResult:
+             c_steps: np.ndarray | None = None, r_steps: np.ndarray | None = None, chains: int = 1) -> SimResult:
     """Simulate ``plan`` with ``costs`` and a compute/reduce pipeline ``depth`` (0 = no overlap).
+
+    ``chains``: accumulation chains per Q tile (1: every contribution waits for the previous
+    turn, the paper's model; the kernel's deterministic mode uses ``dq_chains`` of its tile config).
 
     ``c_steps`` / ``r_steps`` (S,) override the compute / reduction cost of every step (in
     ``plan.steps()`` order), e.g. to check that a schedule stays deadlock-free and keeps its
@@ -194,7 +207,7 @@ def simulate(plan: Plan, costs: Costs | None = None, depth: int = 1, *,
     r_arr = np.full(S, costs.r) if r_steps is None else np.asarray(r_steps, dtype=np.float64)
     if c_arr.shape != (S,) or r_arr.shape != (S,):
         raise ValueError(f"c_steps / r_steps must have shape ({S},)")
-    pred, succ = _turn_links(st, plan)
+    pred, succ = _turn_links(st, plan, chains)
     step_cta = st["cta"]
     succ_cta = np.where(succ >= 0, step_cta[np.maximum(succ, 0)], -1)
 
@@ -264,7 +277,7 @@ def simulate(plan: Plan, costs: Costs | None = None, depth: int = 1, *,
     idle = 1.0 - busy / makespan if ok and makespan > 0 else np.zeros(P)
 
     lb_work, lb_chain = _lower_bounds(plan, st, c_arr, r_arr, costs, depth, lens, epi_cost if with_epi else 0.0,
-                                      group, col_of_step)
+                                      group, col_of_step, chains)
     res = SimResult(plan, costs, depth, ok, makespan, max(lb_work, lb_chain), lb_work, lb_chain,
                     cs, ce, rs, re, turn_wait, tile_wait, busy, idle, ks, ke, blocked)
     res._ops = (ops, op_ptr, pred, kvpred, c_arr, r_arr, epi_cost if with_epi else None)
@@ -272,7 +285,8 @@ def simulate(plan: Plan, costs: Costs | None = None, depth: int = 1, *,
 
 
 def _lower_bounds(plan: Plan, st: dict, c_arr: np.ndarray, r_arr: np.ndarray, costs: Costs, depth: int,
-                  lens: np.ndarray, epi: float, group: int, col_of_step: np.ndarray) -> tuple[float, float]:
+                  lens: np.ndarray, epi: float, group: int, col_of_step: np.ndarray,
+                  chains: int = 1) -> tuple[float, float]:
     """Total work / P and the longest chain any schedule must respect."""
     P, K = plan.ctas, len(plan.cols)
     work_c = float(c_arr.sum()) + epi * K
@@ -289,8 +303,8 @@ def _lower_bounds(plan: Plan, st: dict, c_arr: np.ndarray, r_arr: np.ndarray, co
         col_chain = col_c + (col_r - last_r if depth == 0 else 0.0) + tail
         chain = float(col_chain.max())
         t = plan.tiling
-        tile = (st["b"] * t.heads + st["h"]) * t.mmax + st["m"]
-        ntile = t.batch * t.heads * t.mmax
+        tile = turn_chain_keys(st, plan, chains)  # the adds of one chain are serial
+        ntile = t.batch * t.heads * t.mmax * chains
         cnt = np.bincount(tile, minlength=ntile)
         rsum = np.bincount(tile, weights=r_arr, minlength=ntile)
         cmin = np.full(ntile, np.inf)

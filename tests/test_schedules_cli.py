@@ -64,6 +64,22 @@ def test_options_shape_the_problem(capsys):
     assert rc == 0 and "batch 3" in data["problem"] and "local" in data["problem"]
 
 
+
+def test_dq_chains_shorten_the_descending_causal_order(capsys):
+    """``--dq-chains 2`` models the kernel's deterministic causal mode (each dQ tile accumulates
+    in two chains): descending's turn chain halves and its makespan drops below one chain's."""
+    argv = ["--seqlen", "8192", "--hdim", "128", "--causal", "--schedule", "descending", "--c", "2.048",
+            "--r", "1.152", "--latency", "1.152", "--json"]
+    rc1, out1, _ = _run(argv, capsys)
+    rc2, out2, _ = _run(argv + ["--dq-chains", "2"], capsys)
+    one, two = json.loads(out1), json.loads(out2)
+    assert rc1 == rc2 == 0 and one["dq_chains"] == 1 and two["dq_chains"] == 2
+    m1, m2 = one["schedules"]["descending"]["makespan"], two["schedules"]["descending"]["makespan"]
+    assert two["schedules"]["descending"]["deadlock_free"] is True
+    assert m2 < 0.97 * m1, (m1, m2)
+    with pytest.raises(SystemExit):
+        _run(argv + ["--dq-chains", "0"], capsys)
+
 def test_portable_that_does_not_fit_is_reported(capsys):
     rc, out, _ = _run(["--seqlen", "4096", "--hdim", "64", "--batch", "1", "--heads", "1", "--ctas", "3",
                        "--schedule", "portable", "--json"], capsys)

@@ -56,7 +56,7 @@ struct BwdEpilogue {
   //      several chains, for r == 0 store it (cp.async.bulk): their dQaccum is not zeroed;
   //   3. wait_group.read 0: smem slices may be reused -> release them to the MMA warps;
   //   4. wait_group 0 (no .read): the adds have been *performed in global memory*;
-  //      proxy fence, then red.release.gpu sem[m] += 1.
+  //      proxy fence, then red.release.gpu sem[c][m] += 1.
   // Step 4 is what makes the wait real: releasing after .read alone (FA3's protocol) lets
   // the next column's add overtake ours. A writer never holds a tile while it waits for
   // another (it releases before its next step), so waits chain exactly as the schedule's

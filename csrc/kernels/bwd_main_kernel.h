@@ -232,7 +232,6 @@ struct BwdMainKernel {
     auto smem_thr_copy_dS = smem_tiled_copy_dS.get_thread_slice(mma_tidx);
     Tensor tdSsdS = smem_thr_copy_dS.partition_D(as_position_independent_swizzle_tensor(sdSt));  // (.., stage)
 
-
     StageState stage;
     int ds_stage = 0;
     int g = 0;  // this CTA's steps so far: their parity picks the dQ writer (Epilogue::dq_writer)

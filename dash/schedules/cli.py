@@ -79,6 +79,9 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
                    help="costs file from dash.schedules.calibrate.save_costs (overrides --c/--r/...)")
     s.add_argument("--pipeline-depth", type=nonnegative_int, default=1,
                    help="steps compute may run ahead of the dQ writer (0 = no overlap)")
+    s.add_argument("--dq-chains", type=positive_int, default=1,
+                   help="independent accumulation chains per dQ tile: turn t waits for turn t - N "
+                        "(1: the paper's model; DASH's kernel uses dq_chains of dash.config, 2 under a causal mask)")
     o = parser.add_argument_group("output")
     o.add_argument("--json", action="store_true", help="print JSON only")
     o.add_argument("--gantt", type=chart_file, default=None, metavar="PNG",
@@ -178,7 +181,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         except ValueError as e:
             errors[name] = str(e)
             continue
-        results[name] = simulate(plan, costs, args.pipeline_depth)
+        results[name] = simulate(plan, costs, args.pipeline_depth, chains=args.dq_chains)
 
     if args.json:
         out = {"schedules": {}}
@@ -192,11 +195,13 @@ def run_simulate(args: argparse.Namespace) -> int:
         out["problem"] = problem.describe()
         out["ctas"] = args.ctas
         out["costs"] = costs.as_dict()
+        out["dq_chains"] = args.dq_chains
         json.dump(out, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         print(f"DASH scheduling model: {problem.describe()}; {args.ctas} CTAs; "
-              f"costs c={costs.c:g} r={costs.r:g} latency={costs.latency:g}; pipeline depth {args.pipeline_depth}")
+              f"costs c={costs.c:g} r={costs.r:g} latency={costs.latency:g}; pipeline depth {args.pipeline_depth}; "
+              f"dQ chains {args.dq_chains}")
         print(f"{'schedule':<16} {'makespan':>10} {'/ bound':>8} {'idle %':>7} {'worst wait':>11} "
               f"{'deadlock-free':>14} {'portable':>9}")
         for name in names:

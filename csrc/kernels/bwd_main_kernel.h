@@ -44,11 +44,6 @@ struct BwdMainKernel {
   using StageState = PipelineState<kStages>;  // Q and dO stages advance together
   using Epilogue = BwdEpilogue<Traits, Schedule>;  // dQ writers, dK/dV store (bwd_epilogue.h)
 
-  template <class Body>
-  static __device__ __forceinline__ void for_each_column(Params const& params, SharedStorage& ss, Body&& body) {
-    for_each_scheduled_item(params.schedule, ss.work, static_cast<Body&&>(body));
-  }
-
   // ---------------------------------------------------------------------------------------
   // Shell hooks (kernels/persistent_shell.h): one-time setup and the producer warpgroup's
   // other warps.
@@ -238,7 +233,7 @@ struct BwdMainKernel {
     uint32_t kv_phase = 0;
     int const seqlen_q = geo.seqlen_q, seqlen_k = geo.seqlen_k;
 
-    for_each_column(params, ss, [&](int item) {
+    for_each_scheduled_item(params.schedule, ss.work, [&](int item) {
       ColumnCoord const col = sched.column(item);
       int const num_steps = sched.num_steps(col);
 

@@ -107,26 +107,26 @@ def kernel_costs(head_dim: int, causal: bool) -> Costs:
     return KERNEL_COSTS.get((int(head_dim), bool(causal)), DEFAULT_KERNEL_COSTS)
 
 
-def kernel_dq_chains(head_dim: int, causal: bool) -> int:
-    """Accumulation chains per dQ tile of the kernel's deterministic mode (``dq_chains`` of the
-    config table; ``simulate(..., chains=)``)."""
+def _kernel_table_value(head_dim: int, causal: bool, field: str) -> int:
+    """A field of the backward's config table for a head dim and mask; 1 for an unlisted one."""
     from dash.config import bwd_tile_config
 
     try:
-        return bwd_tile_config(int(head_dim), bool(causal)).dq_chains
+        return int(getattr(bwd_tile_config(int(head_dim), bool(causal)), field))
     except NotImplementedError:
         return 1
+
+
+def kernel_dq_chains(head_dim: int, causal: bool) -> int:
+    """Accumulation chains per dQ tile of the kernel's deterministic mode (``dq_chains`` of the
+    config table; ``simulate(..., chains=)``)."""
+    return _kernel_table_value(head_dim, causal, "dq_chains")
 
 
 def kernel_pipeline_depth(head_dim: int, causal: bool) -> int:
     """How many steps the kernel's MMA warpgroups may run ahead of the dQ reduce-adds: its
     dQ staging buffers (``dq_stages`` of the config table; the model's ``depth``)."""
-    from dash.config import bwd_tile_config
-
-    try:
-        return bwd_tile_config(int(head_dim), bool(causal)).dq_stages
-    except NotImplementedError:
-        return 1
+    return _kernel_table_value(head_dim, causal, "dq_stages")
 
 
 @lru_cache(maxsize=1024)

@@ -3,6 +3,7 @@
     python benchmarks/bench_bwd.py                      # 24 rows: hdim 64/128 x full/causal x 512..16k
     python benchmarks/bench_bwd.py --hdim 128 --causal  # a subset
     python benchmarks/bench_bwd.py --plot out.png       # also draw the table
+    python benchmarks/bench_bwd.py --gqa                # GQA/MQA rows (bench.GQA_SHAPES) instead
 
 Modes (dash.bench.available_modes): DASH's kernels alone — non-deterministic (auto and fa3
 order), deterministic per kernel schedule (fa3, interleaved, descending, shift) and auto; the
@@ -58,22 +59,32 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--full", action="store_true", help="only full-mask rows")
     p.add_argument("--seqlen", type=int, nargs="*", default=list(bench.PAPER_SEQLENS))
     p.add_argument("--modes", nargs="*", default=None, help="subset of modes (default: all available)")
-    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--iters", type=int, default=12, help="timed rounds (default 12)")
+    p.add_argument("--burst", type=int, default=3,
+                   help="back-to-back calls per mode per round (default 3); 1 = one synced call per sample, "
+                        "which adds the host's issue latency to every call")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--out-dir", type=Path, default=ROOT / "benchmarks" / "results")
-    p.add_argument("--tag", default="bwd")
+    p.add_argument("--gqa", action="store_true", help="the GQA/MQA rows (dash.bench.GQA_SHAPES), not the paper grid")
+    p.add_argument("--tag", default=None, help="results file tag (default bwd, or bwd-gqa with --gqa)")
     p.add_argument("--plot", type=Path, default=None, help="write the table as a PNG chart")
     args = p.parse_args(argv)
 
     masks = [True] if args.causal else [False] if args.full else [False, True]
-    shapes = [bench.Shape.paper(s, hd, c) for hd in args.hdim for c in masks for s in args.seqlen]
+    if args.gqa:
+        shapes = list(bench.GQA_SHAPES)
+    else:
+        shapes = [bench.Shape.paper(s, hd, c) for hd in args.hdim for c in masks for s in args.seqlen]
+    tag = args.tag or ("bwd-gqa" if args.gqa else "bwd")
     modes = args.modes or list(bench.available_modes())
     import torch
 
-    print(f"{torch.cuda.get_device_name(0)}; median of {args.iters} calls after {args.warmup} warm-ups, bf16")
+    print(f"{torch.cuda.get_device_name(0)}; median of {args.iters} rounds of {args.burst} back-to-back calls per mode "
+          f"after {args.warmup} warm-ups, bf16")
     print(bench.format_header(modes))
-    rows = bench.run_rows(shapes, modes, warmup=args.warmup, iters=args.iters)
-    payload = bench.results_payload(rows, modes, {"iters": args.iters, "warmup": args.warmup, "argv": sys.argv[1:]})
+    rows = bench.run_rows(shapes, modes, warmup=args.warmup, iters=args.iters, burst=args.burst)
+    payload = bench.results_payload(rows, modes, {"iters": args.iters, "burst": args.burst, "warmup": args.warmup,
+                                                  "argv": sys.argv[1:]})
     print("\nGeometric means over rows (ratio to torch_cudnn, same run):")
     for m, s in payload["summary"].items():
         print(f"  {m:>20}: geomean {s['geomean_vs_torch_cudnn']:.3f}, worst {s['min_vs_torch_cudnn']:.3f} "
@@ -94,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         for m, ok in row.bitwise.items():
             if not ok:
                 print(f"  NOT BITWISE REPEATABLE: {row.shape.label()} {m}")
-    path = bench.write_results(payload, args.out_dir, args.tag)
+    path = bench.write_results(payload, args.out_dir, tag)
     print(f"\nwrote {path}")
     if args.plot:
         plot(payload, modes, args.plot)

@@ -18,6 +18,7 @@ run, and writes benchmarks/results/<date>-<gpu>-fwd.json.
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 from pathlib import Path
 from typing import Callable
@@ -91,7 +92,7 @@ def modes_for(libs: dict[str, Callable]) -> dict[str, tuple[str, str, bool]]:
     return modes
 
 
-def time_row(shape: bench.Shape, libs, modes, warmup: int, iters: int) -> dict[str, float]:
+def time_row(shape: bench.Shape, libs, modes, warmup: int, iters: int, burst: int) -> dict[str, float]:
     dt = torch.bfloat16
     sets = []
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -109,14 +110,16 @@ def time_row(shape: bench.Shape, libs, modes, warmup: int, iters: int) -> dict[s
                 torch.autograd.grad(out, (s["q"], s["k"], s["v"]), s["dout"])
         calls[mode] = call
     errors: dict[str, str] = {}
-    ms = bench.cuda_time_ms_interleaved(calls, sets, warmup, iters, errors)
+    ms = bench.cuda_time_ms_interleaved(calls, sets, warmup, iters, errors, burst=burst)
     for mode, err in errors.items():  # an anchor that does not run this shape: say so, keep going
         print(f"  {mode} failed on {shape.label()}: {err[:160]}")
     return ms
 
 
-def host_us_per_call(libs, modes, calls: int = 200) -> dict[str, float]:
+def host_us_per_call(libs, modes, calls: int = 100, rounds: int = 7) -> dict[str, float]:
     """Wall time per call on a tiny problem (b1 s128 h1 d128, causal): host work, not GPU time.
+    Median over ``rounds`` rounds of ``calls`` back-to-back calls of every mode in turn (one
+    block per mode swung the DASH / SDPA ratio between 1.0 and 1.3 from run to run).
 
     Besides every mode, ``sdpa_fwdbwd`` is a bare ``scaled_dot_product_attention`` call (torch
     picks the backend) with its backward: the yardstick of issue 9's host-overhead target."""
@@ -136,13 +139,17 @@ def host_us_per_call(libs, modes, calls: int = 200) -> dict[str, float]:
             if kind == "fwdbwd":
                 torch.autograd.grad(out, (q, k, v), dout)
         calls_by_mode[mode] = call
-    res = {}
-    for mode, call in calls_by_mode.items():
-        try:
-            res[mode] = bench.wall_us_per_call(call, calls)
-        except Exception as e:
-            print(f"  host timing of {mode} failed: {type(e).__name__}")
-    return res
+    samples: dict[str, list[float]] = {mode: [] for mode in calls_by_mode}
+    for _ in range(rounds):
+        for mode, call in calls_by_mode.items():
+            if mode not in samples:
+                continue
+            try:
+                samples[mode].append(bench.wall_us_per_call(call, calls))
+            except Exception as e:
+                print(f"  host timing of {mode} failed: {type(e).__name__}")
+                del samples[mode]
+    return {mode: statistics.median(t) for mode, t in samples.items() if t}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -152,7 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--full", action="store_true", help="only full-mask rows")
     p.add_argument("--seqlen", type=int, nargs="*", default=list(bench.PAPER_SEQLENS))
     p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--iters", type=int, default=10, help="timed rounds (default 10)")
+    p.add_argument("--burst", type=int, default=3,
+                   help="back-to-back calls per mode per round (default 3); 1 = one synced call per sample")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     p.add_argument("--host-only", action="store_true", help="only the host time per call on a tiny problem")
     args = p.parse_args(argv)
@@ -167,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     print("TFLOP/s (fwd: 4bhs^2d; fwd+bwd: 3.5x that; causal halves both)")
     print(f"{'row':28s} " + " ".join(f"{m:>20s}" for m in modes))
     for sh in shapes:
-        ms = time_row(sh, libs, modes, args.warmup, args.iters)
+        ms = time_row(sh, libs, modes, args.warmup, args.iters, args.burst)
         fwd_flops = 4.0 * sh.batch * sh.heads * sh.seqlen * sh.seqlen * sh.head_dim / (2 if sh.causal else 1)
         tf = {m: (fwd_flops if modes[m][1] == "fwd" else 3.5 * fwd_flops) / (t * 1e-3) / 1e12 for m, t in ms.items()}
         rows.append({"shape": sh.__dict__, "label": sh.label(), "ms": ms, "tflops": tf})
@@ -207,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         if v and "ratio" in v:
             print(f"  {k}: {v['ratio']:.2f} (target <= 1.2)")
     payload = {"meta": {"what": "forward and forward+backward through each library's user-facing function",
-                        "warmup": args.warmup, "iters": args.iters, "modes": {m: list(v) for m, v in modes.items()}},
+                        "warmup": args.warmup, "iters": args.iters, "burst": args.burst, "modes": {m: list(v) for m, v in modes.items()}},
                "environment": bench.environment(), "summary": summary, "host_us_per_call": host, "rows": rows}
     path = bench.write_results(payload, args.out, "fwd")
     print(f"\nwrote {path}")

@@ -23,7 +23,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--heads", type=positive_int, default=None, help="default: 2048 // hdim (hidden 2048)")
     p.add_argument("--heads-kv", type=positive_int, default=None,
                    help="key/value heads for GQA/MQA (default: --heads); must divide --heads")
-    p.add_argument("--iters", type=positive_int, default=20, help="timed calls per mode (the median is shown)")
+    p.add_argument("--iters", type=positive_int, default=12,
+                   help="timed rounds per mode, each a burst of back-to-back calls (the median is shown)")
+    p.add_argument("--burst", type=positive_int, default=3,
+                   help="back-to-back calls per round (default 3); 1 = one synced call per sample, which adds "
+                        "the host's issue latency to every call")
     p.add_argument("--warmup", type=nonnegative_int, default=5, help="untimed calls per mode first")
     # One call compares nothing: a repeatability check needs two calls at least.
     p.add_argument("--repeats", type=int_at_least(2, " (the check compares repeated calls)"), default=10,
@@ -78,9 +82,11 @@ def run(args: argparse.Namespace) -> int:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     picked = choose_kernel_schedule(batch, heads, heads_kv, args.seqlen, args.seqlen, args.hdim, args.causal, sms)
     print(f"{torch.cuda.get_device_name(0)}: attention backward, {shape.label()}, bf16; "
-          f"median of {args.iters} calls after {args.warmup} warm-ups; schedule auto -> {picked}")
+          f"median of {args.iters} rounds of {args.burst} back-to-back calls after {args.warmup} warm-ups; "
+          f"schedule auto -> {picked}")
     print(bench.format_header(modes))
-    rows = bench.run_rows([shape], modes, warmup=args.warmup, iters=args.iters, bitwise_repeats=args.repeats)
+    rows = bench.run_rows([shape], modes, warmup=args.warmup, iters=args.iters, bitwise_repeats=args.repeats,
+                          burst=args.burst)
     row = rows[0]
     for m, err in row.errors.items():
         print(f"  {m}: {err}")

@@ -1,10 +1,17 @@
 """Backward-pass benchmark shared by ``python -m dash bench`` and ``benchmarks/bench_bwd.py``.
 
-One timer: CUDA events around each call, median of ``iters`` timed calls after ``warmup``
-calls, rotating among several input sets so that repeated calls do not measure L2. The
-modes of a row are timed in rounds (every mode once per round), so that clock or thermal
-drift during the row does not favour the mode measured first: two modes running the same
-kernel differed by up to 4 % when each was timed in one block.
+One timer: CUDA events around a burst of ``burst`` back-to-back calls, as a training loop
+issues them (the host queues the next call while the GPU runs this one), median over
+``iters`` rounds after ``warmup`` calls, rotating among several input sets so that repeated
+calls do not measure L2. A short GPU sleep is queued before the start event, so the host's
+latency in issuing the first call of a burst is not counted either: a synced call per
+sample added 100-450 us of host latency to every mode on the H200 host (more to torch's
+cuDNN path than to DASH's), although the GPU time of DASH's kernels through autograd equals
+that of the kernels alone (``benchmarks/results/logs/*-user-path-timing-*.log``). Host work
+per call is measured on its own (``wall_us_per_call``, a tiny shape). The modes of a row are
+timed in rounds (every mode one burst per round), so that clock or thermal drift during the
+row does not favour the mode measured first: two modes running the same kernel differed by
+up to 4 % when each was timed in one block.
 FLOPs are counted FA3's way: forward 4*b*h*sq*sk*d, backward 2.5x forward, halved for a
 causal mask.
 """
@@ -56,6 +63,19 @@ class Shape:
         return f"hd{self.head_dim} {mask} s{self.seqlen} b{self.batch} h{self.heads}{kv}"
 
 
+#: GQA/MQA rows (issue 8's target row first: a LLaMA3-8B layer, 32 query heads on 8 KV heads),
+#: with the same row as MHA and as MQA for contrast; ``benchmarks/bench_bwd.py --gqa``.
+GQA_SHAPES = (
+    Shape(2, 8192, 32, 128, True, heads_kv=8),
+    Shape(1, 16384, 32, 128, True, heads_kv=8),
+    Shape(4, 4096, 32, 128, True, heads_kv=8),
+    Shape(2, 8192, 32, 128, False, heads_kv=8),
+    Shape(2, 8192, 16, 128, True),
+    Shape(2, 8192, 8, 128, True, heads_kv=1),
+    Shape(2, 8192, 6, 128, True, heads_kv=1),
+)
+
+
 @dataclass
 class Row:
     shape: Shape
@@ -91,23 +111,6 @@ def make_input_sets(shape: Shape, n_sets: int, device: torch.device, seed: int =
     return sets
 
 
-def cuda_time_ms(fn: Callable[[dict], object], sets: list[dict], warmup: int, iters: int) -> float:
-    """Median of `iters` CUDA-event-timed calls of fn(set), rotating over `sets`."""
-    for i in range(warmup):
-        fn(sets[i % len(sets)])
-    torch.cuda.synchronize()
-    times = []
-    for i in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s = sets[i % len(sets)]
-        start.record()
-        fn(s)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
 def wall_us_per_call(fn: Callable[[], object], calls: int = 200, warmup: int = 20) -> float:
     """Wall time per call of ``fn`` over ``calls`` back-to-back calls (one sync at the end): on
     a problem small enough that the GPU waits for the host, this is the host work per call."""
@@ -121,12 +124,21 @@ def wall_us_per_call(fn: Callable[[], object], calls: int = 200, warmup: int = 2
     return (time.perf_counter() - t0) / calls * 1e6
 
 
+#: GPU cycles of the sleep queued before a burst's start event (about 0.5 ms at H200 clocks):
+#: longer than the host needs to issue one call, so the burst starts with work queued.
+LEAD_SLEEP_CYCLES = 1_000_000
+
+
 def cuda_time_ms_interleaved(fns: dict[str, Callable[[dict], object]], sets: list[dict], warmup: int, iters: int,
-                             errors: Optional[dict[str, str]] = None) -> dict[str, float]:
-    """Median CUDA-event time of each of ``fns``, timed in rounds (one call of every function
-    per round, in turn) so that clock and thermal drift during a row hits every mode alike
-    instead of favouring whichever ran first. A function that raises is dropped (its error
-    goes to ``errors``) and the others go on."""
+                             errors: Optional[dict[str, str]] = None, burst: int = 3) -> dict[str, float]:
+    """Median CUDA-event time per call of each of ``fns``, timed in rounds (one burst of
+    ``burst`` back-to-back calls of every function per round, in turn) so that clock and
+    thermal drift during a row hits every mode alike instead of favouring whichever ran
+    first. ``burst=1`` without the lead sleep is a synced call per sample: it adds the
+    host's issue latency to every call. A function that raises is dropped (its error goes
+    to ``errors``) and the others go on."""
+    if burst < 1:
+        raise ValueError(f"burst must be >= 1, got {burst}")
     live = {}
     for name, fn in fns.items():
         try:
@@ -139,12 +151,14 @@ def cuda_time_ms_interleaved(fns: dict[str, Callable[[dict], object]], sets: lis
                 errors[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
     times: dict[str, list[float]] = {name: [] for name in live}
     for i in range(iters):
-        s = sets[i % len(sets)]
         for name, fn in list(live.items()):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             try:
+                if burst > 1:
+                    torch.cuda._sleep(LEAD_SLEEP_CYCLES)
                 start.record()
-                fn(s)
+                for j in range(burst):
+                    fn(sets[(i * burst + j) % len(sets)])
                 end.record()
                 end.synchronize()
             except Exception as e:
@@ -152,7 +166,7 @@ def cuda_time_ms_interleaved(fns: dict[str, Callable[[dict], object]], sets: lis
                     errors[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
                 del live[name], times[name]
                 continue
-            times[name].append(start.elapsed_time(end))
+            times[name].append(start.elapsed_time(end) / burst)
     return {name: statistics.median(t) for name, t in times.items() if t}
 
 
@@ -286,7 +300,8 @@ def bitwise_repeatable(fn: Callable[[dict], tuple], s: dict, repeats: int) -> bo
 
 
 def run_rows(shapes: list[Shape], modes: Optional[list[str]] = None, warmup: int = 5, iters: int = 20,
-             n_sets: int = 3, bitwise_repeats: int = 3, log: Callable[[str], None] = print) -> list[Row]:
+             n_sets: int = 3, bitwise_repeats: int = 3, log: Callable[[str], None] = print,
+             burst: int = 3) -> list[Row]:
     device = torch.device("cuda")
     all_modes = available_modes()
     chosen = {m: all_modes[m] for m in (modes or list(all_modes)) if m in all_modes}
@@ -296,7 +311,7 @@ def run_rows(shapes: list[Shape], modes: Optional[list[str]] = None, warmup: int
         for s in sets:
             s["causal"] = shape.causal
         row = Row(shape)
-        row.ms = cuda_time_ms_interleaved(chosen, sets, warmup, iters, row.errors)
+        row.ms = cuda_time_ms_interleaved(chosen, sets, warmup, iters, row.errors, burst=burst)
         for name, fn in chosen.items():
             if name in row.ms and is_deterministic_mode(name):
                 try:

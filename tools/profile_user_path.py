@@ -30,7 +30,8 @@ for s in sets:
     s["causal"] = sh.causal
 modes = bench.available_modes()
 fns = {m: modes[m] for m in ("dash_auto_det", "user_dash_auto_det")}
-print(sh.label(), "ms per synced call:", bench.cuda_time_ms_interleaved(fns, sets, 5, 20))
+print(sh.label(), "ms per synced call:", bench.cuda_time_ms_interleaved(fns, sets, 5, 20, burst=1))
+print(sh.label(), "ms per call, back to back:", bench.cuda_time_ms_interleaved(fns, sets, 5, 10, burst=3))
 with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
     for i in range(4):
         for name, fn in fns.items():

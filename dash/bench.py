@@ -1,17 +1,18 @@
 """Backward-pass benchmark shared by ``python -m dash bench`` and ``benchmarks/bench_bwd.py``.
 
-One timer: CUDA events around a burst of ``burst`` back-to-back calls, as a training loop
-issues them (the host queues the next call while the GPU runs this one), median over
-``iters`` rounds after ``warmup`` calls, rotating among several input sets so that repeated
-calls do not measure L2. A short GPU sleep is queued before the start event, so the host's
-latency in issuing the first call of a burst is not counted either: a synced call per
-sample added 100-450 us of host latency to every mode on the H200 host (more to torch's
-cuDNN path than to DASH's), although the GPU time of DASH's kernels through autograd equals
-that of the kernels alone (``benchmarks/results/logs/*-user-path-timing-*.log``). Host work
-per call is measured on its own (``wall_us_per_call``, a tiny shape). The modes of a row are
-timed in rounds (every mode one burst per round), so that clock or thermal drift during the
-row does not favour the mode measured first: two modes running the same kernel differed by
-up to 4 % when each was timed in one block.
+One timer: the GPU time of each call with the host ahead of the GPU, as in a training step
+where the host queues work while the GPU runs: CUDA events around a burst of ``burst``
+back-to-back calls, behind a GPU sleep long enough for the host to issue the whole burst,
+median over ``iters`` rounds after ``warmup`` calls, rotating among several input sets so
+that repeated calls do not measure L2. Before c54945f each sample was one synced call, which
+added the host's issue latency to every mode (100-450 us per backward call on the H200 host,
+more for torch's cuDNN path and FA3's/FA4's Python paths than for DASH's; the GPU time of
+DASH's kernels through autograd equals that of the kernels alone:
+``benchmarks/results/logs/2026-11-30-NVIDIA-H200-user-path-timing-c5e0c94.log``). Host work
+per call is measured on its own (``wall_us_per_call``, at a tiny shape where the GPU waits
+for the host). The modes of a row are timed in rounds (every mode one burst per round), so
+that clock or thermal drift during the row does not favour the mode measured first: two
+modes running the same kernel differed by up to 4 % when each was timed in one block.
 FLOPs are counted FA3's way: forward 4*b*h*sq*sk*d, backward 2.5x forward, halved for a
 causal mask.
 """
@@ -124,28 +125,34 @@ def wall_us_per_call(fn: Callable[[], object], calls: int = 200, warmup: int = 2
     return (time.perf_counter() - t0) / calls * 1e6
 
 
-#: GPU cycles of the sleep queued before a burst's start event (about 0.5 ms at H200 clocks):
-#: longer than the host needs to issue one call, so the burst starts with work queued.
-LEAD_SLEEP_CYCLES = 1_000_000
+#: Clock rate used to turn a host time into a ``torch.cuda._sleep`` cycle count: the H200's boost
+#: clock. At a lower clock the sleep lasts longer, which only gives the host more head start.
+SLEEP_CLOCK_HZ = 2.0e9
 
 
 def cuda_time_ms_interleaved(fns: dict[str, Callable[[dict], object]], sets: list[dict], warmup: int, iters: int,
                              errors: Optional[dict[str, str]] = None, burst: int = 3) -> dict[str, float]:
-    """Median CUDA-event time per call of each of ``fns``, timed in rounds (one burst of
-    ``burst`` back-to-back calls of every function per round, in turn) so that clock and
-    thermal drift during a row hits every mode alike instead of favouring whichever ran
-    first. ``burst=1`` without the lead sleep is a synced call per sample: it adds the
-    host's issue latency to every call. A function that raises is dropped (its error goes
-    to ``errors``) and the others go on."""
+    """Median GPU time per call of each of ``fns`` with the host ahead of the GPU, as in a
+    training step: per round, one burst of ``burst`` back-to-back calls of every function in
+    turn, behind a GPU sleep long enough for the host to issue the whole burst (1.5x the
+    burst's host time, measured on the warm-up calls, + 0.2 ms). Rounds make clock and
+    thermal drift during a row hit every mode alike instead of favouring whichever ran first.
+    ``burst=1`` is one synced call per sample with no sleep: it adds the host's issue latency
+    to every call. A function that raises is dropped (its error goes to ``errors``) and the
+    others go on."""
     if burst < 1:
         raise ValueError(f"burst must be >= 1, got {burst}")
-    live = {}
+    live, lead_cycles = {}, {}
     for name, fn in fns.items():
         try:
-            for i in range(warmup):
+            host = []
+            for i in range(max(warmup, 2)):
+                t0 = time.perf_counter()
                 fn(sets[i % len(sets)])
-            torch.cuda.synchronize()
+                host.append(time.perf_counter() - t0)
+                torch.cuda.synchronize()
             live[name] = fn
+            lead_cycles[name] = int(SLEEP_CLOCK_HZ * (1.5 * burst * statistics.median(host[1:]) + 2e-4))
         except Exception as e:  # a backend may not support a shape; record it, keep going
             if errors is not None:
                 errors[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
@@ -155,7 +162,7 @@ def cuda_time_ms_interleaved(fns: dict[str, Callable[[dict], object]], sets: lis
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             try:
                 if burst > 1:
-                    torch.cuda._sleep(LEAD_SLEEP_CYCLES)
+                    torch.cuda._sleep(lead_cycles[name])
                 start.record()
                 for j in range(burst):
                     fn(sets[(i * burst + j) % len(sets)])

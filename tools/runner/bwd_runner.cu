@@ -619,8 +619,8 @@ int run(Options const& o, std::string const& command_line) {
   std::printf("  (timings under ncu are not meaningful: it serialises and replays the kernels it profiles)\n");
   // --clock-control none: profile at the clocks the timing above ran at, not ncu's locked base clocks.
   std::printf("  profile the first timed iteration's main kernel:\n    ncu --profile-from-start off --clock-control none "
-              "-k %s -c 1 --set full --import-source yes -o dash-bwd %s\n",
-              pass->ncu_kernel_filter(), command_line.c_str());
+              "-k %s -c 1 --set full --import-source yes -o dash-%s %s\n",
+              pass->ncu_kernel_filter(), o.pass.c_str(), command_line.c_str());
   check_cuda(cudaStreamDestroy(stream), "cudaStreamDestroy");
   return 0;
 }

@@ -16,8 +16,8 @@ import math
 from pathlib import Path
 
 COLUMNS = [  # (mode, header)
-    ("dash_nondet_fa3", "DASH non-det (fa3 order: non-det auto)"),
-    ("dash_nondet", "DASH non-det (the model's order: non-det auto before 794511f)"),
+    ("dash_nondet", "DASH non-det (auto)"),
+    ("dash_nondet_fa3", "DASH non-det (fa3 order)"),
     ("dash_auto_det", "DASH det (auto)"),
     ("dash_fa3_det", "DASH det (fa3 order)"),
     ("user_dash_auto_det", "DASH det (auto), flash_attn_func + autograd"),
@@ -33,8 +33,8 @@ def geomean(xs: list[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
 
-def NONDET(t: dict) -> str:  # noqa: N802  the non-deterministic mode users get: fa3 order where measured
-    return "dash_nondet_fa3" if "dash_nondet_fa3" in t else "dash_nondet"
+def NONDET(t: dict) -> str:  # noqa: N802  the non-deterministic mode users get (auto)
+    return "dash_nondet"
 
 
 def table(path: Path) -> str:

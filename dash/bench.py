@@ -2,15 +2,15 @@
 
 One timer: the GPU time of each call with the host ahead of the GPU, as in a training step
 where the host queues work while the GPU runs: CUDA events around a burst of ``burst``
-back-to-back calls, behind a GPU sleep long enough for the host to issue the whole burst,
-median over ``iters`` rounds after ``warmup`` calls, rotating among several input sets so
+back-to-back calls, behind a GPU sleep long enough for the host to issue the whole burst
+(the same sleep before every mode), median over ``iters`` rounds after ``warmup`` calls, rotating among several input sets so
 that repeated calls do not measure L2. Before c54945f each sample was one synced call, which
 added the host's issue latency to every mode (100-450 us per backward call on the H200 host,
 more for torch's cuDNN path and FA3's/FA4's Python paths than for DASH's; the GPU time of
 DASH's kernels through autograd equals that of the kernels alone:
 ``benchmarks/results/logs/2026-11-30-NVIDIA-H200-user-path-timing-c5e0c94.log``). Host work
 per call is measured on its own (``wall_us_per_call``, at a tiny shape where the GPU waits
-for the host). The modes of a row are timed in rounds (every mode one burst per round), so
+for the host). The modes of a row are timed in rounds (every mode one burst per round, the order rotating from round to round), so
 that clock or thermal drift during the row does not favour the mode measured first: two
 modes running the same kernel differed by up to 4 % when each was timed in one block.
 FLOPs are counted FA3's way: forward 4*b*h*sq*sk*d, backward 2.5x forward, halved for a
@@ -134,15 +134,17 @@ def cuda_time_ms_interleaved(fns: dict[str, Callable[[dict], object]], sets: lis
                              errors: Optional[dict[str, str]] = None, burst: int = 3) -> dict[str, float]:
     """Median GPU time per call of each of ``fns`` with the host ahead of the GPU, as in a
     training step: per round, one burst of ``burst`` back-to-back calls of every function in
-    turn, behind a GPU sleep long enough for the host to issue the whole burst (1.5x the
-    burst's host time, measured on the warm-up calls, + 0.2 ms). Rounds make clock and
-    thermal drift during a row hit every mode alike instead of favouring whichever ran first.
-    ``burst=1`` is one synced call per sample with no sleep: it adds the host's issue latency
-    to every call. A function that raises is dropped (its error goes to ``errors``) and the
-    others go on."""
+    turn, each behind the same GPU sleep, long enough for the slowest function's host to
+    issue its whole burst (1.5x its burst's host time, measured on the warm-up calls, +
+    0.2 ms). Rounds make clock and thermal drift during a row hit every mode alike, and the
+    order of the functions rotates from round to round so that none always follows the same
+    neighbour (two runs of one kernel placed first and second in every round differed by up
+    to 5 % at 16k tokens). ``burst=1`` is one synced call per sample with no sleep: it adds the
+    host's issue latency to every call. A function that raises is dropped (its error goes to
+    ``errors``) and the others go on."""
     if burst < 1:
         raise ValueError(f"burst must be >= 1, got {burst}")
-    live, lead_cycles = {}, {}
+    live, host_s = {}, {}
     for name, fn in fns.items():
         try:
             host = []
@@ -152,17 +154,22 @@ def cuda_time_ms_interleaved(fns: dict[str, Callable[[dict], object]], sets: lis
                 host.append(time.perf_counter() - t0)
                 torch.cuda.synchronize()
             live[name] = fn
-            lead_cycles[name] = int(SLEEP_CLOCK_HZ * (1.5 * burst * statistics.median(host[1:]) + 2e-4))
+            host_s[name] = statistics.median(host[1:])
         except Exception as e:  # a backend may not support a shape; record it, keep going
             if errors is not None:
                 errors[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+    lead_cycles = int(SLEEP_CLOCK_HZ * (1.5 * burst * max(host_s.values(), default=0.0) + 2e-4))
     times: dict[str, list[float]] = {name: [] for name in live}
+    names = list(live)
     for i in range(iters):
-        for name, fn in list(live.items()):
+        for name in names[i % len(names):] + names[:i % len(names)] if names else []:
+            if name not in live:
+                continue
+            fn = live[name]
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             try:
                 if burst > 1:
-                    torch.cuda._sleep(lead_cycles[name])
+                    torch.cuda._sleep(lead_cycles)
                 start.record()
                 for j in range(burst):
                     fn(sets[(i * burst + j) % len(sets)])
@@ -276,6 +283,8 @@ def available_modes() -> dict[str, Callable[[dict], tuple]]:
 
     modes = {
         "dash_nondet": _dash_backward(False, "auto"),
+        # Non-det auto: the interleaved order under a causal mask, fa3 under a full one; the
+        # fa3 order beside it (on full masks the same kernel twice: the timer's noise).
         "dash_nondet_fa3": _dash_backward(False, "fa3"),
         "dash_auto_det": _dash_backward(True, "auto"),
     }

@@ -226,8 +226,13 @@ def test_gqa_siblings_are_claimed_in_query_head_order(name, causal):
             assert pos[(b, h - 1, n)] < i, (name, b, h, n)
 
 
-def test_non_deterministic_auto_is_fa3_order():
+def test_non_deterministic_auto_order():
+    """Non-deterministic auto: the fa3 order under a full mask, the interleaved order (longest
+    columns of every head of an L2 section first) under a causal mask, on any grid."""
     from dash.schedules.auto import choose_kernel_schedule
 
-    for args in [(2, 16, 16, 8192, 8192, 128, True), (32, 32, 32, 512, 512, 64, False), (2, 32, 8, 4096, 4096, 128, True)]:
-        assert choose_kernel_schedule(*args, 132, deterministic=False) == "fa3"
+    for args in [(2, 16, 16, 8192, 8192, 128, True), (32, 32, 32, 512, 512, 64, False), (2, 32, 8, 4096, 4096, 128, True),
+                 (4, 16, 16, 4096, 4096, 128, False)]:
+        for ctas in (1, 66, 132):
+            want = "interleaved" if args[-1] else "fa3"
+            assert choose_kernel_schedule(*args, ctas, deterministic=False) == want

@@ -140,14 +140,19 @@ def choose_kernel_schedule(batch: int, heads: int, heads_kv: int, seqlen_q: int,
     per shape, so training loops pay it once per shape (up to about 1 s at 16k tokens).
 
     Without determinism the turns are unused and the model, which prices turn waits, has
-    nothing to rank: ``fa3`` (the columns of one head on consecutive CTAs, longest first) is
-    returned. Measured against the model's pick on the H200 paper grid in one run
-    (benchmarks/results/2026-11-30-NVIDIA-H200-bwd-fa3-efddef7.json, ``dash_nondet_fa3`` vs
-    ``dash_nondet``): 1.05x geometric mean, up to 1.22x at 512 tokens, worst row 0.974 (hdim
-    128 causal 8k).
+    nothing to rank; the order only has to balance the grid. Full masks get ``fa3`` (the
+    columns of one head on consecutive CTAs, longest first), causal masks ``interleaved``
+    (L2 sections of heads, the same column rank of every head of a section in a row, so
+    the longest columns of all heads go first and the tail is short columns). Measured on
+    the H200 in one run, modes in rotated rounds, GPU time with the host ahead
+    (benchmarks/results/logs/2026-11-30-NVIDIA-H200-nondet-order-ebf9e4a.log), interleaved /
+    fa3 order time: hdim 128 causal 2k-8k 0.953-0.958, 16k and 512 1.000; hdim 64 causal 2k
+    0.976, 16k 1.005, 512 1.015; full masks 0.996-1.023. (The earlier choice of ``fa3``
+    everywhere rested on synced per-call timings in which two runs of the same kernel
+    differed by up to 17 % with their place in the round.)
     """
     if not deterministic:
-        return "fa3"
+        return "interleaved" if causal else "fa3"
     from dash.schedules.orders import l2_section_heads
     from dash.schedules.tiling import Problem
 

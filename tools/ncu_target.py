@@ -1,0 +1,49 @@
+"""One profiled call (between cudaProfilerStart/Stop, after 3 warm-ups) of DASH's or upstream
+FA3's forward or backward (non-deterministic, paper-grid shape: 16k tokens, hidden 2048), as a
+target for ncu side-by-side comparisons (docs/kernel-notes.md, fifth pass):
+
+    ncu --kernel-name-base demangled --profile-from-start off --clock-control none \
+        -k regex:fwd_main -c 1 --set full python tools/ncu_target.py dash fwd 8192 causal
+    ncu ... -k regex:FlashAttnFwdSm90 ... python tools/ncu_target.py fa3 fwd 8192 causal
+
+(bwd: regex:bwd_main / regex:FlashAttnBwdSm90). FA3 must be importable as
+flash_attn_interface (built from flash-attention's hopper/, never part of this repository).
+
+    python tools/ncu_target.py {dash|fa3} {fwd|bwd} SEQLEN {full|causal} [hdim]
+"""
+import sys
+
+import torch
+
+if len(sys.argv) < 5 or sys.argv[1] not in ("dash", "fa3") or sys.argv[2] not in ("fwd", "bwd") \
+        or sys.argv[4] not in ("full", "causal"):
+    sys.exit(__doc__)
+if not torch.cuda.is_available():
+    sys.exit("ncu_target: needs a CUDA GPU")
+lib, pas, s, mask = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+d = int(sys.argv[5]) if len(sys.argv) > 5 else 128
+causal = mask == "causal"
+b, h = max(1, 16384 // s), 2048 // d
+q, k, v, do = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+if lib == "dash":
+    import dash
+    f = lambda q, k, v: dash.flash_attn_func(q, k, v, causal=causal, deterministic=False)
+else:
+    import flash_attn_interface as fa3
+    f = lambda q, k, v: fa3.flash_attn_func(q, k, v, causal=causal, deterministic=False)
+def call():
+    if pas == "fwd":
+        with torch.no_grad():
+            f(q, k, v)
+    else:
+        qq, kk, vv = (x.detach().requires_grad_() for x in (q, k, v))
+        o = f(qq, kk, vv)
+        o = o[0] if isinstance(o, tuple) else o
+        torch.autograd.grad(o, (qq, kk, vv), do)
+for _ in range(3):
+    call()
+torch.cuda.synchronize()
+torch.cuda.cudart().cudaProfilerStart()
+call()
+torch.cuda.synchronize()
+torch.cuda.cudart().cudaProfilerStop()

@@ -60,8 +60,9 @@ def demangle(names: list[str]) -> dict[str, str]:
 
 
 def short_name(demangled: str) -> str:
-    """'void dash::bwd_main_kernel<dash::BwdTraits<128, true, cutlass::bfloat16_t>>(...)' -> readable."""
-    m = re.search(r"dash::(\w+)<dash::BwdTraits<(\d+), (true|false), cutlass::(\w+)>", demangled)
+    """'void dash::bwd_main_kernel<dash::BwdTraits<128, true, cutlass::bfloat16_t>>(...)' (or FwdTraits)
+    -> 'bwd_main_kernel hdim128 causal bfloat16_t'."""
+    m = re.search(r"dash::(\w+)<dash::(?:Bwd|Fwd)Traits<(\d+), (true|false), cutlass::(\w+)>", demangled)
     if not m:
         return demangled[:100]
     kernel, hdim, causal, dtype = m.groups()
@@ -127,6 +128,37 @@ def sass_by_function(cuobjdump: str, obj: Path) -> dict[str, str]:
     return {parts[i]: parts[i + 1] for i in range(1, len(parts) - 1, 2)}
 
 
+def hot_loop(code: str) -> dict | None:
+    """The innermost loop holding the kernel's per-block WGMMA work (the smallest loop, by
+    instructions, with at least 8 HGMMA), as counts: instructions,
+    branches, register moves, and the MUFU.EX2 issued before the loop's first wait for all
+    WGMMA groups (``WARPGROUP.DEPBAR.LE gsb0, 0x0``). The last number says how much of the
+    softmax ptxas left under the GEMM still in flight: the source waits after the softmax,
+    but ptxas may hoist the wait (docs/kernel-notes.md, fifth pass)."""
+    instrs, index = [], {}
+    for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*?)\s*;", code):
+        index[int(m.group(1), 16)] = len(instrs)
+        instrs.append(m.group(2).strip())
+    loops = []
+    for i, ins in enumerate(instrs):
+        m = re.search(r"\bBRA\s+(?:`\()?(0x[0-9a-f]+)", ins)
+        if m and index.get(int(m.group(1), 16), i + 1) <= i:
+            lo = index[int(m.group(1), 16)]
+            loops.append((sum("HGMMA" in x for x in instrs[lo:i + 1]), lo, i))
+    loops = [lp for lp in loops if lp[0] >= 8]
+    if not loops:
+        return None
+    most, lo, hi = min(loops, key=lambda lp: lp[2] - lp[1])
+    body = [re.sub(r"^@!?U?P[T0-9]+\s+", "", x) for x in instrs[lo:hi + 1]]
+    ops = [x.split()[0] for x in body]
+    waits = [j for j, x in enumerate(body) if x.startswith("WARPGROUP.DEPBAR.LE") and x.endswith("0x0")]
+    before = ops[:waits[0]] if waits else ops
+    return {"instructions": len(body), "hgmma": most, "branches": ops.count("BRA"),
+            "moves": sum(o.startswith("IMAD.MOV") or o == "MOV" for o in ops),
+            "ex2_before_wait": sum(o.startswith("MUFU.EX2") for o in before),
+            "ex2": sum(o.startswith("MUFU.EX2") for o in ops)}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sass", action="store_true", help="also check HGMMA/UTMALDG present and no LDL/STL")
@@ -164,13 +196,17 @@ def main(argv: list[str] | None = None) -> int:
                 if spills or k.get("stack", 0):
                     failures.append(f"{tu.name}: {name} spills {spills} B, stack {k.get('stack', 0)} B")
                     note.append("SPILLS")
-                if cuobjdump and "bwd_main_kernel" in name:
+                if cuobjdump and ("bwd_main_kernel" in name or "fwd_main_kernel" in name):
                     code = sass.get(k["mangled"], "")
                     hgmma, utma = code.count("HGMMA"), code.count("UTMALDG")
                     local = len(re.findall(r"\b(LDL|STL)\b", code))
                     note.append(f"HGMMA {hgmma}, UTMALDG {utma}, LDL/STL {local}")
                     if hgmma == 0 or utma == 0 or local:
                         failures.append(f"{tu.name}: {name} SASS: HGMMA {hgmma}, UTMALDG {utma}, LDL/STL {local}")
+                    loop = hot_loop(code)
+                    if loop:  # reported, not checked: what ptxas made of the mainloop
+                        note.append(f"loop {loop['instructions']} instr, {loop['branches']} BRA, {loop['moves']} MOV, "
+                                    f"EX2 before the WGMMA wait {loop['ex2_before_wait']}/{loop['ex2']}")
                 rows.append((tu.name, name, k.get("registers", -1), spills, k.get("stack", 0), "; ".join(note)))
 
     print(f"{'translation unit':<24} {'kernel':<44} {'regs':>5} {'spill B':>8} {'stack B':>8}  notes")

@@ -1,0 +1,69 @@
+"""tools/check_kernels.py's SASS reading: the hot-loop report (no GPU, no compiler: synthetic SASS
+in cuobjdump's format, addresses and branch targets as cuobjdump prints them)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "tools" / "check_kernels.py"
+
+
+@pytest.fixture(scope="module")
+def ck():
+    spec = importlib.util.spec_from_file_location("check_kernels", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def sass(lines: list[str]) -> str:
+    """Instructions at 16-byte addresses, each followed by cuobjdump's encoding comment line."""
+    out = []
+    for i, ins in enumerate(lines):
+        out.append(f"        /*{16 * i:04x}*/                   {ins} ;                /* 0x000 */")
+        out.append("                                                                        /* 0x000 */")
+    return "\n".join(out)
+
+
+def loop_body(ex2_before_wait: int, ex2_after: int, moves: int, hgmma: int = 16) -> list[str]:
+    body = ["BAR.SYNC.DEFER_BLOCKING R5, 0x100", "WARPGROUP.ARRIVE"]
+    body += [f"HGMMA.64x128x16.F32.BF16 R24, gdesc[UR16], R24{', gsb0' if i == hgmma - 1 else ''}" for i in range(hgmma)]
+    body += ["WARPGROUP.DEPBAR.LE gsb0, 0x1"]
+    body += ["MUFU.EX2 R7, R7"] * ex2_before_wait
+    body += ["WARPGROUP.DEPBAR.LE gsb0, 0x0"]
+    body += ["MUFU.EX2 R8, R8", "F2FP.BF16.F32.PACK_AB R152, R8, R9"] * ex2_after
+    body += ["IMAD.MOV.U32 R10, RZ, RZ, R11"] * moves
+    return body
+
+
+def test_hot_loop_counts_the_innermost_wgmma_loop(ck):
+    head = ["S2R R0, SR_TID.X", "ISETP.NE.AND P0, PT, R0, RZ, PT"]
+    inner = loop_body(ex2_before_wait=5, ex2_after=7, moves=3)
+    start = len(head)
+    # inner loop: back edge to its first instruction; an outer loop around it, back to 0.
+    lines = head + inner + [f"@P0 BRA 0x{16 * start:x}", "IADD3 R1, R1, 0x1, RZ", "@!P1 BRA 0x0", "EXIT"]
+    r = ck.hot_loop(sass(lines))
+    assert r == {"instructions": len(inner) + 1, "hgmma": 16, "branches": 1, "moves": 3, "ex2_before_wait": 5,
+                 "ex2": 12}
+
+
+def test_hot_loop_ignores_loops_without_wgmma_and_forward_branches(ck):
+    lines = ["MOV R1, 0x0", "IADD3 R1, R1, 0x1, RZ", "@P0 BRA 0x10",  # a loop with no HGMMA
+             "@P1 BRA 0x50", "EXIT", "EXIT"]  # a forward branch
+    assert ck.hot_loop(sass(lines)) is None
+
+
+def test_hot_loop_without_a_full_wait_counts_every_exponential(ck):
+    body = [x for x in loop_body(ex2_before_wait=4, ex2_after=2, moves=0) if x != "WARPGROUP.DEPBAR.LE gsb0, 0x0"]
+    r = ck.hot_loop(sass(body + ["@P0 BRA 0x0"]))
+    assert r["ex2_before_wait"] == r["ex2"] == 6
+
+
+def test_short_names_of_both_passes(ck):
+    fwd = "void dash::fwd_main_kernel<dash::FwdTraits<128, false, cutlass::bfloat16_t> >(dash::FwdTraits<128>::MainParams)"
+    bwd = "void dash::bwd_main_kernel<dash::BwdTraits<64, true, cutlass::half_t>, dash::ClaimedSchedule<> >(P)"
+    assert ck.short_name(fwd) == "fwd_main_kernel hdim128 full bfloat16_t"
+    assert ck.short_name(bwd) == "bwd_main_kernel hdim64 causal half_t"

@@ -216,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
         if v and "ratio" in v:
             print(f"  {k}: {v['ratio']:.2f} (target <= 1.2)")
     payload = {"meta": {"what": "forward and forward+backward through each library's user-facing function",
-                        "warmup": args.warmup, "iters": args.iters, "burst": args.burst, "modes": {m: list(v) for m, v in modes.items()}},
+                        "warmup": args.warmup, "iters": args.iters, "burst": args.burst,
+                        "modes": {m: list(v) for m, v in modes.items()}},
                "environment": bench.environment(), "summary": summary, "host_us_per_call": host, "rows": rows}
     path = bench.write_results(payload, args.out, "fwd")
     print(f"\nwrote {path}")

@@ -2,17 +2,18 @@
 
 One timer: the GPU time of each call with the host ahead of the GPU, as in a training step
 where the host queues work while the GPU runs: CUDA events around a burst of ``burst``
-back-to-back calls, behind a GPU sleep long enough for the host to issue the whole burst
-(the same sleep before every mode), median over ``iters`` rounds after ``warmup`` calls, rotating among several input sets so
-that repeated calls do not measure L2. Before c54945f each sample was one synced call, which
-added the host's issue latency to every mode (100-450 us per backward call on the H200 host,
-more for torch's cuDNN path and FA3's/FA4's Python paths than for DASH's; the GPU time of
-DASH's kernels through autograd equals that of the kernels alone:
+back-to-back calls, behind a GPU sleep long enough for the host to issue the whole burst (the
+same sleep before every mode), median over ``iters`` rounds after ``warmup`` calls, rotating
+among several input sets so that repeated calls do not measure L2. Before c54945f each sample
+was one synced call, which added the host's issue latency to every mode (100-450 us per
+backward call on the H200 host, more for torch's cuDNN path and FA3's/FA4's Python paths than
+for DASH's; the GPU time of DASH's kernels through autograd equals that of the kernels alone:
 ``benchmarks/results/logs/2026-11-30-NVIDIA-H200-user-path-timing-c5e0c94.log``). Host work
 per call is measured on its own (``wall_us_per_call``, at a tiny shape where the GPU waits
-for the host). The modes of a row are timed in rounds (every mode one burst per round, the order rotating from round to round), so
-that clock or thermal drift during the row does not favour the mode measured first: two
-modes running the same kernel differed by up to 4 % when each was timed in one block.
+for the host). The modes of a row are timed in rounds (every mode one burst per round, the
+order rotating from round to round), so that clock or thermal drift during the row does not
+favour the mode measured first: two modes running the same kernel differed by up to 4 % when
+each was timed in one block.
 FLOPs are counted FA3's way: forward 4*b*h*sq*sk*d, backward 2.5x forward, halved for a
 causal mask.
 """
@@ -161,11 +162,12 @@ def cuda_time_ms_interleaved(fns: dict[str, Callable[[dict], object]], sets: lis
     lead_cycles = int(SLEEP_CLOCK_HZ * (1.5 * burst * max(host_s.values(), default=0.0) + 2e-4))
     times: dict[str, list[float]] = {name: [] for name in live}
     names = list(live)
-    for i in range(iters):
-        for name in names[i % len(names):] + names[:i % len(names)] if names else []:
-            if name not in live:
+    for i in range(iters if names else 0):
+        k = i % len(names)
+        for name in names[k:] + names[:k]:
+            fn = live.get(name)
+            if fn is None:  # dropped after raising in an earlier round
                 continue
-            fn = live[name]
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             try:
                 if burst > 1:

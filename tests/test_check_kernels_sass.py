@@ -30,7 +30,8 @@ def sass(lines: list[str]) -> str:
 
 def loop_body(ex2_before_wait: int, ex2_after: int, moves: int, hgmma: int = 16) -> list[str]:
     body = ["BAR.SYNC.DEFER_BLOCKING R5, 0x100", "WARPGROUP.ARRIVE"]
-    body += [f"HGMMA.64x128x16.F32.BF16 R24, gdesc[UR16], R24{', gsb0' if i == hgmma - 1 else ''}" for i in range(hgmma)]
+    body += [f"HGMMA.64x128x16.F32.BF16 R24, gdesc[UR16], R24{', gsb0' if i == hgmma - 1 else ''}"
+             for i in range(hgmma)]
     body += ["WARPGROUP.DEPBAR.LE gsb0, 0x1"]
     body += ["MUFU.EX2 R7, R7"] * ex2_before_wait
     body += ["WARPGROUP.DEPBAR.LE gsb0, 0x0"]
@@ -63,7 +64,8 @@ def test_hot_loop_without_a_full_wait_counts_every_exponential(ck):
 
 
 def test_short_names_of_both_passes(ck):
-    fwd = "void dash::fwd_main_kernel<dash::FwdTraits<128, false, cutlass::bfloat16_t> >(dash::FwdTraits<128>::MainParams)"
+    fwd = ("void dash::fwd_main_kernel<dash::FwdTraits<128, false, cutlass::bfloat16_t> >"
+           "(dash::FwdTraits<128>::MainParams)")
     bwd = "void dash::bwd_main_kernel<dash::BwdTraits<64, true, cutlass::half_t>, dash::ClaimedSchedule<> >(P)"
     assert ck.short_name(fwd) == "fwd_main_kernel hdim128 full bfloat16_t"
     assert ck.short_name(bwd) == "bwd_main_kernel hdim64 causal half_t"

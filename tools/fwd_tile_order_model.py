@@ -16,6 +16,14 @@ from __future__ import annotations
 
 import argparse
 import heapq
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from dash.config import FWD_TILE_CONFIGS  # noqa: E402
+
+#: K/V bytes per L2 section (kL2Budget of fwd_section_heads in csrc/kernels/fwd_launch.h).
+KERNEL_SECTION_BYTES = 12 << 20
 
 
 def tile_order(num_bh: int, num_m_blocks: int, section_heads: int) -> list[tuple[int, int]]:
@@ -57,33 +65,37 @@ def makespan(costs: list[float], ctas: int, claim_at_start: bool) -> float:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seqlen", type=int, nargs="*", default=[2048, 4096, 8192, 16384])
-    p.add_argument("--hdim", type=int, default=128, help="128 (128-row tiles) or 64 (192-row tiles)")
+    p.add_argument("--hdim", type=int, default=128, help="head dim (tiles from dash.config.FWD_TILE_CONFIGS)")
     p.add_argument("--causal", action="store_true", help="only causal rows (default: both masks)")
     p.add_argument("--section-heads", type=int, nargs="*", default=None,
                    help="heads per L2 section (default: the kernel's 12 MB rule)")
     p.add_argument("--ctas", type=int, default=132)
     p.add_argument("--tile-overhead", type=float, default=0.5, help="per-tile cost in KV blocks (prologue, epilogue)")
     args = p.parse_args()
-    block_m, block_n = (128, 128) if args.hdim == 128 else (192, 128)
+    tiles = {(c.head_dim, c.causal): (c.block_m, c.block_n) for c in FWD_TILE_CONFIGS}
+    if (args.hdim, False) not in tiles:
+        p.error(f"--hdim {args.hdim}: the forward has tiles for head dims {sorted({d for d, _ in tiles})}")
     for seqlen in args.seqlen:
         num_bh = (16384 // seqlen) * (2048 // args.hdim)
-        num_m = -(-seqlen // block_m)
         kv_bytes = 2 * seqlen * args.hdim * 2
         rule = 1
-        while 2 * rule <= num_bh and 2 * rule * kv_bytes <= (12 << 20):
+        while 2 * rule <= num_bh and 2 * rule * kv_bytes <= KERNEL_SECTION_BYTES:
             rule *= 2
         for causal in ([True] if args.causal else [False, True]):
+            block_m, block_n = tiles[(args.hdim, causal)]
+            num_m = -(-seqlen // block_m)
             for sw in args.section_heads or [rule]:
                 order = tile_order(num_bh, num_m, sw)
-                n_end = (lambda m: min(-(-((m + 1) * block_m) // block_n), -(-seqlen // block_n))) if causal \
-                    else (lambda m: -(-seqlen // block_n))
-                costs = [n_end(m) + args.tile_overhead for _, m in order]
+                num_n = -(-seqlen // block_n)
+                costs = [(min(-(-((m + 1) * block_m) // block_n), num_n) if causal else num_n) + args.tile_overhead
+                         for _, m in order]
                 ideal = sum(costs) / args.ctas
                 for at_start in (True, False):
                     span = makespan(costs, args.ctas, at_start)
-                    print(f"hd{args.hdim} {'causal' if causal else 'full  '} {seqlen:6d} section {sw:3d} heads, claim at "
-                          f"{'start' if at_start else 'end  '}: makespan / ideal {span / ideal:.3f}, idle "
-                          f"{1 - ideal / span:.3f}")
+                    mask = "causal" if causal else "full  "
+                    print(f"hd{args.hdim} {mask} {seqlen:6d} section {sw:3d} heads, claim at "
+                          f"{'start' if at_start else 'end  '}: makespan / ideal {span / ideal:.3f}, "
+                          f"idle {1 - ideal / span:.3f}")
 
 
 if __name__ == "__main__":

@@ -104,8 +104,10 @@ def make_input_sets(shape: Shape, n_sets: int, device: torch.device, seed: int =
     for _ in range(n_sets):
         q = torch.randn(shape.batch, shape.seqlen, shape.heads, shape.head_dim, device=device, dtype=dt, generator=gen)
         k = torch.randn(shape.batch, shape.seqlen, hk, shape.head_dim, device=device, dtype=dt, generator=gen)
-        v = torch.randn_like(k)
-        dout = torch.randn_like(q)
+        # Every tensor from ``gen`` (randn_like draws from the global generator): the same seed
+        # gives the same inputs in every process, so outputs of two builds can be compared bit for bit.
+        v = torch.randn(k.shape, device=device, dtype=dt, generator=gen)
+        dout = torch.randn(q.shape, device=device, dtype=dt, generator=gen)
         scale = shape.head_dim ** -0.5
         with torch.no_grad():
             out, lse = forward_impl(q, k, v, scale, shape.causal)

@@ -18,6 +18,8 @@
 // masked diagonal blocks come first, before the running max has settled.
 #pragma once
 
+#include <type_traits>
+
 #include <cute/tensor.hpp>
 
 #include "kernels/acc_store.h"
@@ -92,11 +94,9 @@ struct FwdMainKernel {
       ss.work.publish(k, t);
       if (t >= p.order.num_tiles) { break; }
       auto const tile = p.order.tile(t);
-      // Claimed as soon as this tile's loads are issued (one tile ahead of the MMA).
-      int const next = int(gridDim.x) + atomicAdd(p.tile_counter, 1);
       int const n_end = p.geo.n_end(tile.m);  // 0: no row of the tile sees a key
       if (n_end == 0) {
-        t = next;
+        t = int(gridDim.x) + atomicAdd(p.tile_counter, 1);
         continue;
       }
       int const b = tile.bh / p.num_heads, h = tile.bh - b * p.num_heads;
@@ -125,7 +125,14 @@ struct FwdMainKernel {
              tVsV(_, _, _, kv.index));
         kv.advance();
       }
-      t = next;
+      // The next tile is claimed once this one's last loads are issued, while the MMA
+      // warpgroups still have up to kStages blocks of it to go: claiming it when this tile's
+      // loads began held each CTA one whole tile ahead, so under a causal mask a CTA could
+      // sit on a long tile while others ran dry (the tail: 7-8 % of SM time idle at hdim 128
+      // causal 2k-16k by tools/fwd_tile_order_model.py, 8.6 % measured by ncu at 8k; claiming
+      // late took the forward +4-8 % there, same bits). The atomic's latency is hidden: the
+      // next Q load waits for this tile's last S GEMM anyway.
+      t = int(gridDim.x) + atomicAdd(p.tile_counter, 1);
     }
   }
 
@@ -278,6 +285,8 @@ struct FwdMainKernel {
         // basic block of its own and ptxas placed the wait for the P V GEMM at its top, before
         // the first exponential: a warpgroup's softmax never overlapped its own P V GEMM (FA3,
         // whose unmasked loop has no mask code, waits after 13-19 exponentials).
+        // `masked`: std::true_type / std::false_type picks the variant at compile time, a bool
+        // at run time (hdim 64).
         auto middle_step = [&](int n, auto masked) {
           Tensor tSrS = partition_fragment_C(tiled_mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});
           ptx::mbar_wait(&ss.bar_k_full[kv.index], kv.phase);
@@ -289,7 +298,11 @@ struct FwdMainKernel {
           warpgroup_wait<1>();  // S_n done
           ptx::mbar_arrive(&ss.bar_k_empty[kv.index]);
           if (n == 0) { ptx::mbar_arrive(&ss.bar_q_empty); }
-          if constexpr (decltype(masked)::value) { apply_mask(p, tSrS, tScS, m, n); }
+          if constexpr (std::is_same_v<decltype(masked), bool>) {
+            if (masked) { apply_mask(p, tSrS, tScS, m, n); }
+          } else if constexpr (decltype(masked)::value) {
+            apply_mask(p, tSrS, tScS, m, n);
+          }
           online_softmax<false>(tSrS, row_max, max_scaled, row_sum, rescale, scale_log2);
           warpgroup_wait<0>();  // O += P V done: P's registers and V_{n+1} are free
           ptx::mbar_arrive(&ss.bar_v_empty[kv_prev.index]);
@@ -306,15 +319,11 @@ struct FwdMainKernel {
           for (; n >= 0 && p.geo.needs_mask(m, n); --n) { middle_step(n, cute::true_type{}); }
           for (; n >= 0; --n) { middle_step(n, cute::false_type{}); }
         } else {
-          // hdim 64 (three warpgroups of 160 registers): the split loop spilled 4 bytes (a
-          // mask coordinate kept live across both loops), so the mask stays behind a branch.
-          for (; n >= 0; --n) {
-            if (p.geo.needs_mask(m, n)) {
-              middle_step(n, cute::true_type{});
-            } else {
-              middle_step(n, cute::false_type{});
-            }
-          }
+          // hdim 64 (three warpgroups of 160 registers) keeps one loop with the mask behind a
+          // branch: the split loop spilled 4 bytes (a mask coordinate live across both loops),
+          // and two inlined variants chosen per block measured 6 % slower at causal 2k and 4 %
+          // at full 8k than this (H200, kernel notes, sixth pass).
+          for (; n >= 0; --n) { middle_step(n, p.geo.needs_mask(m, n)); }
         }
 
         // ---- the last block's P V.

@@ -10,7 +10,9 @@
 //
 // Two overlaps keep the tensor cores busy while softmax runs on the FMA/MUFU units:
 //   * inside a warpgroup, S of block j+1 is issued together with O += P_j V_j, and the
-//     softmax of block j+1 runs while O += P_j V_j is still in flight;
+//     softmax of block j+1 runs while O += P_j V_j is still in flight (at hdim 128; at
+//     hdim 64, three warpgroups of 160 registers, ptxas waits for the P V GEMM before the
+//     first exponential in every loop form tried: docs/kernel-notes.md, sixth pass);
 //   * across warpgroups (ping-pong), the warpgroups take turns issuing their GEMMs, so one
 //     warpgroup's softmax runs under the other's GEMMs instead of all of them competing
 //     for the tensor cores at the same moment.

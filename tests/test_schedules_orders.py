@@ -227,12 +227,25 @@ def test_gqa_siblings_are_claimed_in_query_head_order(name, causal):
 
 
 def test_non_deterministic_auto_order():
-    """Non-deterministic auto: the fa3 order under a full mask, the interleaved order (longest
-    columns of every head of an L2 section first) under a causal mask, on any grid."""
+    """Non-deterministic auto: the interleaved order (longest columns of every head of an L2
+    section first) under a causal mask, on any grid; under a full mask shift (staggered start
+    tiles) wherever its precondition holds (at most as many running columns of a head as Q
+    tiles), else the fa3 order."""
     from dash.schedules.auto import choose_kernel_schedule
 
-    for args in [(2, 16, 16, 8192, 8192, 128, True), (32, 32, 32, 512, 512, 64, False), (2, 32, 8, 4096, 4096, 128, True),
-                 (4, 16, 16, 4096, 4096, 128, False)]:
+    for args in [(2, 16, 16, 8192, 8192, 128, True), (2, 32, 8, 4096, 4096, 128, True), (1, 2, 2, 64, 8192, 64, True)]:
         for ctas in (1, 66, 132):
-            want = "interleaved" if args[-1] else "fa3"
-            assert choose_kernel_schedule(*args, ctas, deterministic=False) == want
+            assert choose_kernel_schedule(*args, ctas, deterministic=False) == "interleaved"
+    for args in [(32, 32, 32, 512, 512, 64, False), (4, 16, 16, 4096, 4096, 128, False), (2, 32, 8, 8192, 8192, 128, False)]:
+        for ctas in (1, 66, 132):
+            assert choose_kernel_schedule(*args, ctas, deterministic=False) == "shift"
+    # seqlen_k much longer than seqlen_q: more running columns of a head than Q tiles.
+    # hdim 64: 128 x 128 tiles; 64 key columns, 1 Q tile.
+    assert choose_kernel_schedule(1, 2, 2, 100, 8192, 64, False, 132, deterministic=False) == "fa3"
+    assert choose_kernel_schedule(1, 2, 2, 100, 8192, 64, False, 1, deterministic=False) == "shift"
+    # The choice agrees with what validation accepts for schedule="shift".
+    from dash.config import bwd_tile_config
+    for sq, sk, d, ctas in [(100, 8192, 64, 132), (2048, 2048, 128, 132), (64, 1000, 128, 7), (4096, 300, 64, 132)]:
+        cfg = bwd_tile_config(d, False)
+        runs = min(-(-sk // cfg.block_n), ctas) <= -(-sq // cfg.block_m)
+        assert (choose_kernel_schedule(1, 2, 2, sq, sk, d, False, ctas, deterministic=False) == "shift") == runs

@@ -140,25 +140,34 @@ def choose_kernel_schedule(batch: int, heads: int, heads_kv: int, seqlen_q: int,
     per shape, so training loops pay it once per shape (up to about 1 s at 16k tokens).
 
     Without determinism the turns are unused and the model, which prices turn waits, has
-    nothing to rank; the order only has to balance the grid. Full masks get ``fa3`` (the
-    columns of one head on consecutive CTAs, longest first), causal masks ``interleaved``
-    (L2 sections of heads, the same column rank of every head of a section in a row, so
-    the longest columns of all heads go first and the tail is short columns). Measured on
-    the H200 in one run, modes in rotated rounds, GPU time with the host ahead
-    (benchmarks/results/logs/2026-11-30-NVIDIA-H200-nondet-order-ebf9e4a.log), interleaved /
-    fa3 order time: hdim 128 causal 2k-8k 0.953-0.958, 16k and 512 1.000; hdim 64 causal 2k
-    0.976, 16k 1.005, 512 1.015; full masks 0.996-1.023. (The earlier choice of ``fa3``
-    everywhere rested on synced per-call timings in which two runs of the same kernel
-    differed by up to 17 % with their place in the round.)
+    nothing to rank; the order only has to balance the grid and keep concurrent reduce-adds
+    apart. Causal masks get ``interleaved`` (L2 sections of heads, the same column rank of
+    every head of a section in a row, so the longest columns of all heads go first and the
+    tail is short columns). Measured on the H200 in one run, modes in rotated rounds, GPU
+    time with the host ahead (benchmarks/results/logs/2026-11-30-NVIDIA-H200-nondet-order-ebf9e4a.log),
+    interleaved / fa3 order time: hdim 128 causal 2k-8k 0.953-0.958, 16k and 512 1.000; hdim
+    64 causal 2k 0.976, 16k 1.005, 512 1.015. Full masks get ``shift`` wherever it runs (at
+    most as many concurrently running columns of a head as Q tiles), else ``fa3``: shift's
+    columns start at staggered Q tiles, so no two running columns of a head reduce-add into
+    the same dQ tile at once, while the fa3 order starts them all at tile 0. Measured the
+    same way (benchmarks/results/logs/2026-11-30-NVIDIA-H200-nondet-full-shift-a0464c6.log),
+    two runs, shift / fa3 order throughput: hdim 64 full 1k-16k 1.017-1.058, hdim 128 full
+    1k-16k 1.003-1.033 (no row slower). Shift's bits depend on the grid, which does not
+    matter without determinism. (The earlier choice of ``fa3`` everywhere rested on synced
+    per-call timings in which two runs of the same kernel differed by up to 17 % with their
+    place in the round.)
     """
-    if not deterministic:
-        return "interleaved" if causal else "fa3"
     from dash.schedules.orders import l2_section_heads
     from dash.schedules.tiling import Problem
 
     full = Problem(batch, heads, seqlen_q, seqlen_k, head_dim=head_dim, heads_kv=heads_kv, causal=causal)
     bm, bn = full.tile_shape
     cols_per_head = -(-seqlen_k // bn)
+    if not deterministic:
+        if causal:
+            return "interleaved"
+        # shift's precondition, as the kernel and dash.validation check it.
+        return "shift" if min(cols_per_head, ctas) <= -(-seqlen_q // bm) else "fa3"
     group = heads // heads_kv
     # Keep whole KV groups; enough heads for AUTO_MAX_WAVES waves of the grid.
     want_heads = max(1, -(-AUTO_MAX_WAVES * ctas // max(cols_per_head, 1)))

@@ -35,10 +35,12 @@ from dash import _ext
 # Call-time decisions
 # ---------------------------------------------------------------------------------------
 def resolve_schedule(schedule: str, q: Tensor, k: Tensor, causal: bool, deterministic: bool, sm_margin: int) -> str:
-    """Map ``schedule`` to a kernel schedule: a name as given, or for ``auto`` the portable
-    schedule the calibrated scheduling model ranks fastest for this shape and grid
-    (``dash.schedules.auto.choose_kernel_schedule``; cached per shape). ``auto`` never picks a
-    schedule whose bits depend on the GPU's SM count."""
+    """Map ``schedule`` to a kernel schedule: a name as given, or for ``auto``
+    ``dash.schedules.auto.choose_kernel_schedule`` (cached per shape): deterministic, the
+    portable schedule the calibrated scheduling model ranks fastest for this shape and grid,
+    never one whose bits depend on the GPU's SM count; non-deterministic, a fixed rule by mask
+    (``interleaved`` under a causal mask, ``shift`` under a full one where it runs), whose bits
+    are not reproducible anyway."""
     if schedule != "auto":
         return schedule
     batch, seqlen_q, heads, head_dim = (int(x) for x in q.shape)

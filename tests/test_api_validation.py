@@ -362,8 +362,10 @@ def test_schedule_name_tables():
     q, k, _ = _qkv()
     for causal in (False, True):
         for det in (False, True):
-            # auto picks a schedule whose bits do not depend on the GPU.
-            assert ops.resolve_schedule("auto", q, k, causal, det, 0) in PORTABLE_KERNEL_SCHEDULES
+            # Deterministic auto picks a schedule whose bits do not depend on the GPU; without
+            # determinism any kernel schedule may run (shift under a full mask).
+            picked = ops.resolve_schedule("auto", q, k, causal, det, 0)
+            assert picked in (PORTABLE_KERNEL_SCHEDULES if det else KERNEL_SCHEDULES), (causal, det, picked)
     assert set(PORTABLE_KERNEL_SCHEDULES) < set(KERNEL_SCHEDULES)
     for name in KERNEL_SCHEDULES:
         assert ops.resolve_schedule(name, q, k, False, True, 0) == name

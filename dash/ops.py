@@ -38,9 +38,9 @@ def resolve_schedule(schedule: str, q: Tensor, k: Tensor, causal: bool, determin
     """Map ``schedule`` to a kernel schedule: a name as given, or for ``auto``
     ``dash.schedules.auto.choose_kernel_schedule`` (cached per shape): deterministic, the
     portable schedule the calibrated scheduling model ranks fastest for this shape and grid,
-    never one whose bits depend on the GPU's SM count; non-deterministic, a fixed rule by mask
-    (``interleaved`` under a causal mask, ``shift`` under a full one where it runs), whose bits
-    are not reproducible anyway."""
+    never one whose bits depend on the GPU's SM count; non-deterministic, a fixed measured rule
+    (causal: ``descending`` from 2048 queries, else ``interleaved``; full: ``shift`` where it
+    runs, else ``fa3``), whose bits are not reproducible anyway."""
     if schedule != "auto":
         return schedule
     batch, seqlen_q, heads, head_dim = (int(x) for x in q.shape)

@@ -227,13 +227,16 @@ def test_gqa_siblings_are_claimed_in_query_head_order(name, causal):
 
 
 def test_non_deterministic_auto_order():
-    """Non-deterministic auto: the interleaved order (longest columns of every head of an L2
-    section first) under a causal mask, on any grid; under a full mask shift (staggered start
-    tiles) wherever its precondition holds (at most as many running columns of a head as Q
-    tiles), else the fa3 order."""
+    """Non-deterministic auto: under a causal mask the longest columns of every head of an L2
+    section first, descending's order from 2048 queries on and interleaved's below, on any
+    grid; under a full mask shift (staggered start tiles) wherever its precondition holds (at
+    most as many running columns of a head as Q tiles), else the fa3 order."""
     from dash.schedules.auto import choose_kernel_schedule
 
-    for args in [(2, 16, 16, 8192, 8192, 128, True), (2, 32, 8, 4096, 4096, 128, True), (1, 2, 2, 64, 8192, 64, True)]:
+    for args in [(2, 16, 16, 8192, 8192, 128, True), (2, 32, 8, 4096, 4096, 128, True), (1, 2, 2, 2048, 8192, 64, True)]:
+        for ctas in (1, 66, 132):
+            assert choose_kernel_schedule(*args, ctas, deterministic=False) == "descending"
+    for args in [(32, 16, 16, 512, 512, 128, True), (16, 32, 32, 1024, 1024, 64, True), (1, 2, 2, 64, 8192, 64, True)]:
         for ctas in (1, 66, 132):
             assert choose_kernel_schedule(*args, ctas, deterministic=False) == "interleaved"
     for args in [(32, 32, 32, 512, 512, 64, False), (4, 16, 16, 4096, 4096, 128, False), (2, 32, 8, 8192, 8192, 128, False)]:

@@ -141,12 +141,17 @@ def choose_kernel_schedule(batch: int, heads: int, heads_kv: int, seqlen_q: int,
 
     Without determinism the turns are unused and the model, which prices turn waits, has
     nothing to rank; the order only has to balance the grid and keep concurrent reduce-adds
-    apart. Causal masks get ``interleaved`` (L2 sections of heads, the same column rank of
-    every head of a section in a row, so the longest columns of all heads go first and the
-    tail is short columns). Measured on the H200 in one run, modes in rotated rounds, GPU
-    time with the host ahead (benchmarks/results/logs/2026-11-30-NVIDIA-H200-nondet-order-ebf9e4a.log),
-    interleaved / fa3 order time: hdim 128 causal 2k-8k 0.953-0.958, 16k and 512 1.000; hdim
-    64 causal 2k 0.976, 16k 1.005, 512 1.015. Full masks get ``shift`` wherever it runs (at
+    apart. Causal masks get the longest columns of all heads of an L2 section first (the
+    tail is short columns): ``descending``'s order (Q tiles from the last) from 2048 queries
+    on, ``interleaved``'s (Q tiles from the diagonal) below. Measured on the H200 in one run,
+    modes in rotated rounds, GPU time with the host ahead
+    (benchmarks/results/logs/2026-11-30-NVIDIA-H200-nondet-order-ebf9e4a.log), interleaved /
+    fa3 order time: hdim 128 causal 2k-8k 0.953-0.958, 16k and 512 1.000; hdim 64 causal 2k
+    0.976, 16k 1.005, 512 1.015; and descending / interleaved throughput
+    (benchmarks/results/logs/2026-11-30-NVIDIA-H200-nondet-causal-descending-a0464c6.log, two
+    runs): hdim 64 causal 2k-16k 1.011-1.017, hdim 128 causal 2k-8k 1.005-1.020 and 16k 1.012
+    / 0.994; but hdim 128 causal 512 0.972-0.974, 1k 0.997-0.998, hdim 64 512 / 1k 0.997-1.010.
+    Full masks get ``shift`` wherever it runs (at
     most as many concurrently running columns of a head as Q tiles), else ``fa3``: shift's
     columns start at staggered Q tiles, so no two running columns of a head reduce-add into
     the same dQ tile at once, while the fa3 order starts them all at tile 0. Measured the
@@ -165,7 +170,7 @@ def choose_kernel_schedule(batch: int, heads: int, heads_kv: int, seqlen_q: int,
     cols_per_head = -(-seqlen_k // bn)
     if not deterministic:
         if causal:
-            return "interleaved"
+            return "descending" if seqlen_q >= 2048 else "interleaved"
         # shift's precondition, as the kernel and dash.validation check it.
         return "shift" if min(cols_per_head, ctas) <= -(-seqlen_q // bm) else "fa3"
     group = heads // heads_kv

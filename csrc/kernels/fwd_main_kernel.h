@@ -322,9 +322,11 @@ struct FwdMainKernel {
           for (; n >= 0; --n) { middle_step(n, cute::false_type{}); }
         } else {
           // hdim 64 (three warpgroups of 160 registers) keeps one loop with the mask behind a
-          // branch: the split loop spilled 4 bytes (a mask coordinate live across both loops),
-          // and two inlined variants chosen per block measured 6 % slower at causal 2k and 4 %
-          // at full 8k than this (H200, kernel notes, sixth pass).
+          // run-time branch. ptxas waits for the P V GEMM before the first exponential in every
+          // form tried, and the others ran slower on the H200 (kernel notes, sixth pass): the
+          // split loop spills 16 bytes under a causal mask; two inlined variants chosen per
+          // block lost 6 % at causal 2k and 4 % at full 8k; a full-mask loop with no mask code
+          // at all (only the peeled first block can hold a key tail) lost 1.5-4.5 %.
           for (; n >= 0; --n) { middle_step(n, p.geo.needs_mask(m, n)); }
         }
 

@@ -156,6 +156,11 @@ FWD_TILE_CONFIGS: tuple[FwdTileConfig, ...] = (
 
 #: Semaphore / workspace constants shared by host and kernels.
 PREPROCESS_THREADS = 256
+#: Forward tile order (FwdTileOrder): the K/V bytes of the heads in one L2 section, a quarter of
+#: a 50 MB L2, so the sections the grid works on at once stay resident beside the Q tiles and
+#: outputs streaming past (fwd_section_heads in csrc/kernels/fwd_launch.h;
+#: tools/fwd_tile_order_model.py). 32 MB measured -2 to -3 % at hdim 128 full 4k.
+FWD_L2_SECTION_BYTES = 12 << 20
 H100_SMEM_LIMIT_BYTES = 227 * 1024
 
 
@@ -168,6 +173,16 @@ def bwd_tile_config(head_dim: int, causal: bool) -> BwdTileConfig:
     raise NotImplementedError(
         f"head_dim={head_dim} is not supported yet by DASH's backward; supported head dims: {supported}"
     )
+
+
+def shift_lanes(seqlen_q: int, seqlen_k: int, head_dim: int, ctas: int) -> tuple[int, int]:
+    """The shift schedule's precondition, as (running columns of a head, Q tiles): at most
+    ``min(key columns, ctas)`` columns of one head run at once, each starting at its own Q
+    tile, so shift runs when the first is at most the second. The kernel checks the same in
+    csrc/kernels/bwd_launch.h; validation refuses ``schedule="shift"`` and non-deterministic
+    ``auto`` avoids it where it fails."""
+    cfg = bwd_tile_config(head_dim, False)
+    return min(-(-int(seqlen_k) // cfg.block_n), int(ctas)), -(-int(seqlen_q) // cfg.block_m)
 
 
 def _check_table(configs: Iterable[BwdTileConfig | FwdTileConfig]) -> None:
@@ -242,6 +257,7 @@ def render_cpp_header() -> str:
     lines += [
         f"inline constexpr int kSupportedHeadDims[] = {{{dims}}};",
         f"inline constexpr int kPreprocessThreads = {PREPROCESS_THREADS};",
+        f"inline constexpr long long kFwdL2SectionBytes = {FWD_L2_SECTION_BYTES};",
         "",
         "}  // namespace dash",
         "",

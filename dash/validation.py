@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from dash import _ext
-from dash.config import KERNEL_SCHEDULES, SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS, bwd_tile_config
+from dash.config import KERNEL_SCHEDULES, SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS, shift_lanes
 from dash.schedules.orders import SCHEDULE_NAMES as MODEL_SCHEDULE_NAMES
 
 #: Every schedule name the API knows (the scheduling model's names plus "auto").
@@ -357,13 +357,11 @@ def _validate_inputs(q: Tensor, k: Tensor, v: Tensor, *, softmax_scale, causal, 
         if is_causal:
             raise NotImplementedError("schedule='shift' is for full masks; with causal=True use 'descending', "
                                       "'interleaved', 'fa3' or 'auto'")
-        ctas = sms - sm_margin if sms is not None else None
-        cfg = bwd_tile_config(head_dim, False)
-        lanes = min(-(-k.shape[1] // cfg.block_n), ctas or 1)
-        if lanes > -(-q.shape[1] // cfg.block_m):
+        lanes, q_tiles = shift_lanes(q.shape[1], k.shape[1], head_dim, sms - sm_margin if sms is not None else 1)
+        if lanes > q_tiles:
             raise NotImplementedError(
                 f"schedule='shift' needs at most as many concurrently running columns of a head ({lanes}) as Q tiles "
-                f"({-(-q.shape[1] // cfg.block_m)}) (seqlen_q={q.shape[1]}, seqlen_k={k.shape[1]}); use 'auto'")
+                f"({q_tiles}) (seqlen_q={q.shape[1]}, seqlen_k={k.shape[1]}); use 'auto'")
 
 
 def validate_for_launch(q: Tensor, k: Tensor, v: Tensor, **options) -> None:

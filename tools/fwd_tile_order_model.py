@@ -23,10 +23,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from dash.config import FWD_TILE_CONFIGS  # noqa: E402
-
-#: K/V bytes per L2 section (kL2Budget of fwd_section_heads in csrc/kernels/fwd_launch.h).
-KERNEL_SECTION_BYTES = 12 << 20
+from dash.config import FWD_L2_SECTION_BYTES, FWD_TILE_CONFIGS  # noqa: E402
 
 
 def tile_order(num_bh: int, num_m_blocks: int, section_heads: int) -> list[tuple[int, int]]:
@@ -71,7 +68,7 @@ def main() -> None:
     p.add_argument("--hdim", type=int, default=128, help="head dim (tiles from dash.config.FWD_TILE_CONFIGS)")
     p.add_argument("--causal", action="store_true", help="only causal rows (default: both masks)")
     p.add_argument("--section-heads", type=int, nargs="*", default=None,
-                   help="heads per L2 section (default: the kernel's 12 MB rule)")
+                   help="heads per L2 section (default: the kernel's rule, dash.config.FWD_L2_SECTION_BYTES)")
     p.add_argument("--ctas", type=int, default=132)
     p.add_argument("--tile-overhead", type=float, default=0.5, help="per-tile cost in KV blocks (prologue, epilogue)")
     args = p.parse_args()
@@ -82,7 +79,7 @@ def main() -> None:
         num_bh = (16384 // seqlen) * (2048 // args.hdim)
         kv_bytes = 2 * seqlen * args.hdim * 2
         rule = 1
-        while 2 * rule <= num_bh and 2 * rule * kv_bytes <= KERNEL_SECTION_BYTES:
+        while 2 * rule <= num_bh and 2 * rule * kv_bytes <= FWD_L2_SECTION_BYTES:
             rule *= 2
         for causal in ([True] if args.causal else [False, True]):
             block_m, block_n = tiles[(args.hdim, causal)]

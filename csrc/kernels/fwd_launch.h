@@ -16,10 +16,10 @@
 namespace dash {
 
 // Heads per L2 section (FwdTileOrder): the largest power of two whose K and V (shared by
-// GQA siblings) take at most a quarter of a 50 MB L2, so that the sections the grid is
-// working on at once stay resident alongside the Q tiles and outputs streaming past.
+// GQA siblings) take at most kFwdL2SectionBytes (dash/config.py), so that the sections the
+// grid is working on at once stay resident alongside the Q tiles and outputs streaming past.
 inline int fwd_section_heads(int seqlen_k, int head_dim, int elem_bytes, int heads_per_kv_head, int num_bh) {
-  constexpr int64_t kL2Budget = 12 << 20;
+  constexpr int64_t kL2Budget = kFwdL2SectionBytes;
   int64_t const kv_bytes_per_q_head =
       (2 * int64_t(seqlen_k) * head_dim * elem_bytes + heads_per_kv_head - 1) / heads_per_kv_head;
   int w = 1;

@@ -11,7 +11,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Iterable
 
-from dash.config import PORTABLE_KERNEL_SCHEDULES
+from dash.config import PORTABLE_KERNEL_SCHEDULES, shift_lanes
 from dash.schedules.orders import SCHEDULE_NAMES, make_plan
 from dash.schedules.simulate import Costs, simulate
 from dash.schedules.tiling import Problem
@@ -162,17 +162,17 @@ def choose_kernel_schedule(batch: int, heads: int, heads_kv: int, seqlen_q: int,
     per-call timings in which two runs of the same kernel differed by up to 17 % with their
     place in the round.)
     """
+    if not deterministic:
+        if causal:
+            return "descending" if seqlen_q >= 2048 else "interleaved"
+        lanes, q_tiles = shift_lanes(seqlen_q, seqlen_k, head_dim, ctas)
+        return "shift" if lanes <= q_tiles else "fa3"
     from dash.schedules.orders import l2_section_heads
     from dash.schedules.tiling import Problem
 
     full = Problem(batch, heads, seqlen_q, seqlen_k, head_dim=head_dim, heads_kv=heads_kv, causal=causal)
     bm, bn = full.tile_shape
     cols_per_head = -(-seqlen_k // bn)
-    if not deterministic:
-        if causal:
-            return "descending" if seqlen_q >= 2048 else "interleaved"
-        # shift's precondition, as the kernel and dash.validation check it.
-        return "shift" if min(cols_per_head, ctas) <= -(-seqlen_q // bm) else "fa3"
     group = heads // heads_kv
     # Keep whole KV groups; enough heads for AUTO_MAX_WAVES waves of the grid.
     want_heads = max(1, -(-AUTO_MAX_WAVES * ctas // max(cols_per_head, 1)))

@@ -47,11 +47,12 @@ def run(args: argparse.Namespace) -> int:
         status = "yes" if loaded else f"NO ({why_not})"
         print(f"  loaded      : {status}")
         schedules = info.get("schedules") or ["fa3"]
-        from dash.schedules.auto import PORTABLE_KERNEL_SCHEDULES
+        from dash.schedules.auto import CAUSAL_KERNEL_CANDIDATES, PORTABLE_KERNEL_SCHEDULES
 
         portable = [s for s in schedules if s in PORTABLE_KERNEL_SCHEDULES]
         other = [s for s in schedules if s not in PORTABLE_KERNEL_SCHEDULES]
-        print(f"  schedules   : {', '.join(portable)} (portable: same bits on any GPU; auto picks among these)"
+        print(f"  schedules   : {', '.join(portable)} (portable: same bits on any GPU; deterministic auto picks "
+              f"among these, under a causal mask among {', '.join(CAUSAL_KERNEL_CANDIDATES)})"
               + (f"; {', '.join(other)} (full mask only; bits depend on the SM count)" if other else "")
               + f", for head dims {info.get('head_dims')}")
     else:

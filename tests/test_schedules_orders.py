@@ -252,3 +252,27 @@ def test_non_deterministic_auto_order():
         cfg = bwd_tile_config(d, False)
         runs = min(-(-sk // cfg.block_n), ctas) <= -(-sq // cfg.block_m)
         assert (choose_kernel_schedule(1, 2, 2, sq, sk, d, False, ctas, deterministic=False) == "shift") == runs
+
+
+def test_deterministic_auto_candidates():
+    """Deterministic auto ranks fa3 and descending under a causal mask (interleaved measured
+    slowest on every causal row since the dQ chains; CAUSAL_KERNEL_CANDIDATES) and all three
+    portable schedules under a full mask; the pick is always one of them."""
+    from dash.config import PORTABLE_KERNEL_SCHEDULES
+    from dash.schedules.auto import CAUSAL_KERNEL_CANDIDATES, choose_kernel_schedule, kernel_candidates
+
+    assert kernel_candidates(False) == PORTABLE_KERNEL_SCHEDULES
+    assert kernel_candidates(True) == CAUSAL_KERNEL_CANDIDATES
+    assert "interleaved" not in CAUSAL_KERNEL_CANDIDATES
+    assert set(CAUSAL_KERNEL_CANDIDATES) < set(PORTABLE_KERNEL_SCHEDULES)
+    shapes = [(32, 16, 16, 512, 512, 128), (32, 32, 32, 512, 512, 64), (2, 32, 8, 8192, 8192, 128),
+              (3, 4, 2, 777, 1280, 64), (1, 6, 1, 2048, 4096, 128)]
+    for b, h, hk, sq, sk, d in shapes:
+        for ctas in (7, 132):
+            assert choose_kernel_schedule(b, h, hk, sq, sk, d, True, ctas) in CAUSAL_KERNEL_CANDIDATES
+            assert choose_kernel_schedule(b, h, hk, sq, sk, d, False, ctas) in PORTABLE_KERNEL_SCHEDULES
+    # The model ranks interleaved first at hdim 128 causal 512 (b32 h16) on 132 CTAs; offered
+    # only fa3 and descending, which it ties there, auto takes the earlier name.
+    assert choose_kernel_schedule(32, 16, 16, 512, 512, 128, True, 132) == "fa3"
+    # Full masks: interleaved and descending are mirror images there and tie in the model.
+    assert choose_kernel_schedule(8, 32, 32, 2048, 2048, 64, False, 132) == "interleaved"

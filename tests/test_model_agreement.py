@@ -1,0 +1,57 @@
+"""Deterministic ``auto`` against the H200 measurements on record (no GPU needed).
+
+``tools/model_agreement.py`` recomputes the model's pick for every row of a stored backward
+results file. These runs measured every portable schedule with the kernels as they have been
+since the causal dQ chains (b042933); a change to the model, its costs or its candidates that
+makes ``auto`` pick a schedule more than 3 % slower than the measured fastest on any of their
+rows fails here before it reaches a GPU."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+RUNS_SINCE_DQ_CHAINS = [
+    "2026-11-30-NVIDIA-H200-bwd-fa3-fa4-b042933.json",
+    "2026-11-30-NVIDIA-H200-bwd-fa3-fa4-ebf9e4a.json",
+    "2026-11-30-NVIDIA-H200-bwd-fa4-127bce8.json",
+    "2026-11-30-NVIDIA-H200-bwd-fa4-a2b9bbc.json",
+    "2026-11-30-NVIDIA-H200-bwd-gqa-fa4-ebf9e4a.json",
+]
+
+
+def _tool():
+    spec = importlib.util.spec_from_file_location("model_agreement", ROOT / "tools" / "model_agreement.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("name", RUNS_SINCE_DQ_CHAINS)
+def test_auto_within_3pct_of_measured_best(name):
+    res = _tool().agreement_for_file(RESULTS / name)
+    assert res is not None and res["rows"] >= 7
+    bad = [(r["shape"], r["model_pick"], r["measured_best"], round(r["pick_vs_best"], 3))
+           for r in res["per_row"] if not r["pick_vs_best"] >= 0.97]
+    assert not bad, f"auto more than 3 % slower than the measured best schedule in {name}: {bad}"
+    assert res["auto_within_3pct"] == res["rows"]
+
+
+def test_agreement_counts_are_consistent():
+    """The counts follow from the per-row ratios (strict <= within 1 % <= within 3 %)."""
+    res = _tool().agreement_for_file(RESULTS / RUNS_SINCE_DQ_CHAINS[-2])
+    ratios = [r["pick_vs_best"] for r in res["per_row"]]
+    assert res["best_agrees"] == sum(r["model_pick"] == r["measured_best"] for r in res["per_row"])
+    assert res["auto_within_1pct"] == sum(x >= 0.99 for x in ratios)
+    assert res["best_agrees"] <= res["auto_within_1pct"] <= res["auto_within_3pct"] == len(ratios)
+    assert res["worst_auto_vs_best"] == pytest.approx(min(ratios))
+
+
+def test_cli_runs_on_stored_results(capsys):
+    assert _tool().main([str(RESULTS / RUNS_SINCE_DQ_CHAINS[0]), "--rows"]) == 0
+    out = capsys.readouterr().out
+    assert "within 3 % 24" in out and "hd128 causal s8192" in out

@@ -19,9 +19,9 @@ namespace dash {
 template <int kHeadDim, class Element>
 void run_bwd_hdim(BwdParams const& params, cudaStream_t stream);
 
-template <int kHeadDim, bool Is_causal>
+template <class Cfg>
 BwdWorkspaceSizes bwd_workspace_sizes_for(BwdParams const& p) {
-  using Cfg = BwdTileConfig<kHeadDim, Is_causal>;
+  constexpr int kHeadDim = Cfg::kHeadDim;
   size_t const m_blocks = size_t((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM);
   size_t const bh = size_t(p.batch) * p.num_heads;
   BwdWorkspaceSizes w;
@@ -34,15 +34,14 @@ BwdWorkspaceSizes bwd_workspace_sizes_for(BwdParams const& p) {
   return w;
 }
 
-template <int kHeadDim, bool Is_causal>
+template <class Cfg>
 int64_t bwd_trace_steps_for(BwdParams const& p) {
-  using Cfg = BwdTileConfig<kHeadDim, Is_causal>;
   TileGeometry geo;
   geo.seqlen_q = p.seqlen_q;
   geo.seqlen_k = p.seqlen_k;
   geo.block_m = Cfg::kBlockM;
   geo.block_n = Cfg::kBlockN;
-  geo.causal = Is_causal;
+  geo.causal = Cfg::Is_causal;
   int64_t steps = 0;
   for (int n = 0; n < geo.num_n_blocks(); ++n) { steps += max_int(geo.m_end(n) - geo.m_begin(n), 0); }
   return steps * p.num_heads * p.batch;
@@ -70,6 +69,17 @@ bool dtype_built(DType t) {
 
 [[noreturn]] void not_built(BwdParams const& p) {
   throw std::invalid_argument(not_built_message("backward", p.head_dim, p.dtype));
+}
+
+// f(BwdTileConfig<head_dim, causal>{}) for p's head dim and mask, over every head dim of the
+// config table (DASH_FOR_EACH_HEAD_DIM), so that a head dim added there needs no case here.
+template <class F>
+auto with_tile_config(BwdParams const& p, F&& f) {
+#define DASH_HDIM_CONFIG(D) \
+  if (p.head_dim == D) return p.causal ? f(BwdTileConfig<D, true>{}) : f(BwdTileConfig<D, false>{});
+  DASH_FOR_EACH_HEAD_DIM(DASH_HDIM_CONFIG)
+#undef DASH_HDIM_CONFIG
+  not_built(p);
 }
 
 }  // namespace
@@ -105,11 +115,7 @@ std::string bwd_built_dtypes() {
 }
 
 BwdWorkspaceSizes bwd_workspace_sizes(BwdParams const& p) {
-  switch (p.head_dim) {
-    case 64: return p.causal ? bwd_workspace_sizes_for<64, true>(p) : bwd_workspace_sizes_for<64, false>(p);
-    case 128: return p.causal ? bwd_workspace_sizes_for<128, true>(p) : bwd_workspace_sizes_for<128, false>(p);
-    default: not_built(p);
-  }
+  return with_tile_config(p, [&](auto cfg) { return bwd_workspace_sizes_for<decltype(cfg)>(p); });
 }
 
 namespace {
@@ -137,19 +143,11 @@ void bwd_set_workspace(BwdParams& p, void* workspace) {
 }
 
 int bwd_block_n(BwdParams const& p) {
-  switch (p.head_dim) {
-    case 64: return p.causal ? BwdTileConfig<64, true>::kBlockN : BwdTileConfig<64, false>::kBlockN;
-    case 128: return p.causal ? BwdTileConfig<128, true>::kBlockN : BwdTileConfig<128, false>::kBlockN;
-    default: not_built(p);
-  }
+  return with_tile_config(p, [](auto cfg) { return int(decltype(cfg)::kBlockN); });
 }
 
 int64_t bwd_trace_steps(BwdParams const& p) {
-  switch (p.head_dim) {
-    case 64: return p.causal ? bwd_trace_steps_for<64, true>(p) : bwd_trace_steps_for<64, false>(p);
-    case 128: return p.causal ? bwd_trace_steps_for<128, true>(p) : bwd_trace_steps_for<128, false>(p);
-    default: not_built(p);
-  }
+  return with_tile_config(p, [&](auto cfg) { return bwd_trace_steps_for<decltype(cfg)>(p); });
 }
 
 void run_bwd(BwdParams const& p, cudaStream_t stream) {

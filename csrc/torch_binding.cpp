@@ -13,7 +13,9 @@
 
 #include <cstdlib>
 #include <initializer_list>
+#include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "bwd_api.h"
 #include "fwd_api.h"
@@ -49,7 +51,9 @@ void check_bshd(char const* op, Tensor const& t, char const* name) {
   TORCH_CHECK(t.dim() == 4, op, ": ", name, " must have 4 dims (batch, seqlen, heads, head_dim), got ", t.dim());
   TORCH_CHECK(t.stride(3) == 1, op, ": ", name, " must be contiguous in its last dim, got stride ", t.stride(3));
   // TMA needs 16-byte aligned base addresses and strides.
-  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, op, ": ", name, " must be 16-byte aligned");
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, op, ": ", name,
+              " must start 16-byte aligned (TMA), got a data pointer at storage offset ", t.storage_offset(),
+              " elements; pass a copy (.clone())");
   for (int d = 0; d < 3; ++d) {
     TORCH_CHECK((t.stride(d) * t.element_size()) % 16 == 0 || t.size(d) == 1, op, ": ", name, " stride ",
                 t.stride(d), " of dim ", d, " must be a multiple of 16 bytes");
@@ -85,10 +89,12 @@ struct Problem {
 
 // Call under a CUDAGuard for q's device (the device properties are the current device's).
 Problem check_problem(char const* op, Tensor const& q, Tensor const& k, Tensor const& v, int64_t sm_margin) {
-  for (auto const* t : {&q, &k, &v}) {
-    TORCH_CHECK(t->is_cuda(), op, ": q, k, v must be on a CUDA device");
-    TORCH_CHECK(t->device() == q.device(), op, ": q, k, v must be on one device");
-    TORCH_CHECK(t->scalar_type() == q.scalar_type(), op, ": q, k, v must share one dtype");
+  for (auto const& [name, t] : {std::pair<char const*, Tensor const*>{"q", &q}, {"k", &k}, {"v", &v}}) {
+    TORCH_CHECK(t->is_cuda(), op, ": ", name, " must be on a CUDA device, got ", t->device());
+    TORCH_CHECK(t->device() == q.device(), op, ": ", name, " is on ", t->device(), " but q on ", q.device(),
+                "; q, k, v must be on one device");
+    TORCH_CHECK(t->scalar_type() == q.scalar_type(), op, ": ", name, " is ", t->scalar_type(), " but q ",
+                q.scalar_type(), "; q, k, v must share one dtype");
   }
   TORCH_CHECK(q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf, op,
               ": dtype must be bfloat16 or float16, got ", q.scalar_type());
@@ -103,14 +109,17 @@ Problem check_problem(char const* op, Tensor const& q, Tensor const& k, Tensor c
   pr.head_dim = q.size(3);
   pr.seqlen_k = k.size(1);
   pr.heads_k = k.size(2);
-  TORCH_CHECK(k.sizes() == v.sizes(), op, ": k and v must have the same shape");
+  TORCH_CHECK(k.sizes() == v.sizes(), op, ": k and v must have the same shape, got k ", k.sizes(), " and v ",
+              v.sizes());
   TORCH_CHECK(k.size(0) == pr.batch && k.size(3) == pr.head_dim, op,
-              ": k must be (batch, seqlen_k, heads_k, head_dim)");
+              ": k must be (batch, seqlen_k, heads_k, head_dim) with q's batch and head_dim, got q ", q.sizes(),
+              " and k ", k.sizes());
   TORCH_CHECK(pr.heads_k > 0 && pr.heads % pr.heads_k == 0, op, ": heads of q (", pr.heads,
               ") must be divisible by heads of k/v (", pr.heads_k, ")");
   TORCH_CHECK(pr.batch > 0 && pr.seqlen_q > 0 && pr.seqlen_k > 0 && pr.heads > 0, op,
-              ": empty inputs are not supported");
-  TORCH_CHECK(pr.seqlen_q < (1 << 30) && pr.seqlen_k < (1 << 30), op, ": sequence too long");
+              ": empty inputs are not supported, got q ", q.sizes(), " and k ", k.sizes());
+  TORCH_CHECK(pr.seqlen_q < (1 << 30) && pr.seqlen_k < (1 << 30), op, ": seqlen_q=", pr.seqlen_q, " and seqlen_k=",
+              pr.seqlen_k, " must each be below 2^30");
   auto const* props = at::cuda::getCurrentDeviceProperties();
   TORCH_CHECK(props->major == 9 && props->minor == 0, op,
               ": needs a compute capability 9.0 GPU (H100/H200/H800/H20), got ", props->name, " with ",
@@ -137,48 +146,99 @@ void poison_outputs_if_requested(std::initializer_list<Tensor*> outputs) {
   }
 }
 
-dash::BwdScheduleKind parse_schedule(c10::string_view schedule) {
-  if (schedule == "fa3") return dash::BwdScheduleKind::kFa3;
-  if (schedule == "interleaved") return dash::BwdScheduleKind::kInterleaved;
-  if (schedule == "descending") return dash::BwdScheduleKind::kDescending;
-  if (schedule == "shift") return dash::BwdScheduleKind::kShift;
-  TORCH_CHECK(false, "dash.bwd: schedule '", std::string(schedule),
-              "' is not implemented by the kernel; implemented: fa3, interleaved, descending, shift");
+// `op` names the caller: dash.fwd carries the schedule for the backward it saves, so a bad
+// one is refused there, before the forward's activations are kept for a backward that cannot run.
+dash::BwdScheduleKind parse_schedule(char const* op, c10::string_view schedule, bool causal) {
+  dash::BwdScheduleKind kind;
+  if (schedule == "fa3") {
+    kind = dash::BwdScheduleKind::kFa3;
+  } else if (schedule == "interleaved") {
+    kind = dash::BwdScheduleKind::kInterleaved;
+  } else if (schedule == "descending") {
+    kind = dash::BwdScheduleKind::kDescending;
+  } else if (schedule == "shift") {
+    kind = dash::BwdScheduleKind::kShift;
+  } else {
+    TORCH_CHECK_NOT_IMPLEMENTED(false, op, ": schedule '", std::string(schedule),
+                                "' is not implemented by the kernel; implemented: fa3, interleaved, descending, shift");
+  }
+  // NotImplementedError, as the Python layer raises for the same request.
+  TORCH_CHECK_NOT_IMPLEMENTED(!(causal && kind == dash::BwdScheduleKind::kShift), op,
+                              ": schedule 'shift' is for full masks; for causal use 'descending', 'interleaved', "
+                              "'fa3' or 'auto'");
+  return kind;
+}
+
+// A gradient reaches the backward as whatever view the autograd graph produced: cat's or
+// narrow's backward hands over a contiguous slice at an arbitrary storage offset, which the
+// TMA loads cannot take and the caller cannot change. Such a tensor is copied; an aligned one
+// is used in place.
+Tensor tma_ready(Tensor const& t) {
+  Tensor c = t.contiguous();
+  return reinterpret_cast<uintptr_t>(c.data_ptr()) % 16 == 0 ? c : c.clone();
+}
+
+// The library reports problems it cannot run as std::invalid_argument (a value outside what
+// is supported) and anything else (a CUDA error, a grid that does not fit) as another
+// exception; torch gets them as ValueError / RuntimeError, like the Python layer's checks.
+template <class F>
+void call_library(F&& f) {
+  try {
+    f();
+  } catch (std::invalid_argument const& e) {
+    TORCH_CHECK_VALUE(false, e.what());
+  } catch (std::exception const& e) {
+    TORCH_CHECK(false, e.what());
+  }
 }
 
 // The backward; with `trace`, also the per-step trace as an int64 (steps, 8) tensor of
 // dash::BwdTraceRecord rows (unwritten rows stay -1).
-std::tuple<Tensor, Tensor, Tensor, Tensor> run_backward(Tensor const& dout, Tensor const& q, Tensor const& k,
-                                                        Tensor const& v, Tensor const& out, Tensor const& softmax_lse,
+std::tuple<Tensor, Tensor, Tensor, Tensor> run_backward(Tensor const& dout_in, Tensor const& q, Tensor const& k,
+                                                        Tensor const& v, Tensor const& out_in,
+                                                        Tensor const& softmax_lse,
                                                         double softmax_scale, bool causal, bool deterministic,
                                                         c10::string_view schedule, int64_t sm_margin, bool trace) {
-  dash::BwdScheduleKind const kind = parse_schedule(schedule);
-  for (auto const* t : {&dout, &q, &k, &v, &out}) {
-    TORCH_CHECK(t->dim() == 4, "dash.bwd: q, k, v, out, dout must have 4 dims (batch, seqlen, heads, head_dim)");
+  dash::BwdScheduleKind const kind = parse_schedule("dash.bwd", schedule, causal);
+  for (auto const* t : {&dout_in, &q, &k, &v, &out_in}) {
+    TORCH_CHECK(t->dim() == 4, "dash.bwd: q, k, v, out, dout must have 4 dims (batch, seqlen, heads, head_dim), got ",
+                t->sizes());
   }
   // Opened before the GQA accumulators are zero-filled, so those fills count as the op's.
   NvtxRange range("dash.bwd " + problem_label(q, k, causal) + (deterministic ? " det " : " nondet ") +
                   std::string(schedule) + (trace ? " trace" : ""));
   c10::cuda::CUDAGuard device_guard(q.device());
   Problem const pr = check_problem("dash.bwd", q, k, v, sm_margin);
-  for (auto const* t : {&dout, &out}) {
-    TORCH_CHECK(t->is_cuda() && t->device() == q.device(), "dash.bwd: out and dout must be on q's device");
-    TORCH_CHECK(t->scalar_type() == q.scalar_type(), "dash.bwd: q, k, v, out, dout must share one dtype");
+  for (auto const& [name, t] : {std::pair<char const*, Tensor const*>{"out", &out_in}, {"dout", &dout_in}}) {
+    TORCH_CHECK(t->is_cuda() && t->device() == q.device(), "dash.bwd: ", name, " must be on q's device (",
+                q.device(), "), got ", t->device());
+    TORCH_CHECK(t->scalar_type() == q.scalar_type(), "dash.bwd: ", name, " must have q's dtype (", q.scalar_type(),
+                "), got ", t->scalar_type());
+    TORCH_CHECK(t->sizes() == q.sizes(), "dash.bwd: ", name, " must have q's shape ", q.sizes(), ", got ",
+                t->sizes());
   }
+  Tensor const out = tma_ready(out_in);
+  Tensor const dout = tma_ready(dout_in);
   check_bshd("dash.bwd", out, "out");
   check_bshd("dash.bwd", dout, "dout");
   int64_t const batch = pr.batch, seqlen_q = pr.seqlen_q, heads = pr.heads, head_dim = pr.head_dim;
   int64_t const seqlen_k = pr.seqlen_k, heads_k = pr.heads_k;
-  TORCH_CHECK(out.sizes() == q.sizes() && dout.sizes() == q.sizes(), "dash.bwd: out and dout must have q's shape");
   TORCH_CHECK(softmax_lse.scalar_type() == at::kFloat && softmax_lse.dim() == 3 && softmax_lse.size(0) == batch &&
                   softmax_lse.size(1) == heads && softmax_lse.size(2) == seqlen_q && softmax_lse.stride(2) == 1,
-              "dash.bwd: softmax_lse must be float32 (batch, heads, seqlen_q) with unit seqlen stride");
-  TORCH_CHECK(softmax_lse.device() == q.device(), "dash.bwd: softmax_lse must be on q's device");
+              "dash.bwd: softmax_lse must be float32 (batch, heads, seqlen_q) = (", batch, ", ", heads, ", ", seqlen_q,
+              ") with unit seqlen stride, got ", softmax_lse.scalar_type(), " ", softmax_lse.sizes(), " strides ",
+              softmax_lse.strides());
+  TORCH_CHECK(softmax_lse.device() == q.device(), "dash.bwd: softmax_lse must be on q's device (", q.device(),
+              "), got ", softmax_lse.device());
   TORCH_CHECK(batch <= 65535 && heads <= 65535, "dash.bwd: batch (", batch, ") and heads (", heads,
               ") must each be at most 65535");
 
   dash::BwdParams p;
   pr.fill(p, q, k, v);
+  // Before any sizing call below: the tile shape (bwd_block_n) may depend on the mask.
+  p.causal = causal;
+  p.deterministic = deterministic;
+  p.schedule = kind;
 
   Tensor dq = at::empty_like(q);
   bool const gqa = heads != heads_k;
@@ -214,9 +274,6 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> run_backward(Tensor const& dout, Tens
   p.lse_batch_stride = softmax_lse.stride(0);
   p.lse_head_stride = softmax_lse.stride(1);
   p.softmax_scale = float(softmax_scale);
-  p.causal = causal;
-  p.deterministic = deterministic;
-  p.schedule = kind;
 
   Tensor workspace = at::empty({int64_t(dash::bwd_workspace_bytes(p) / 4)}, q.options().dtype(at::kFloat));
   dash::bwd_set_workspace(p, workspace.data_ptr());
@@ -232,14 +289,14 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> run_backward(Tensor const& dout, Tens
   }
 
   poison_outputs_if_requested({&dq, &dk, &dv});  // dk, dv are undefined here under GQA
-  try {
-    dash::run_bwd(p, at::cuda::getCurrentCUDAStream());
-  } catch (std::exception const& e) {
-    TORCH_CHECK(false, e.what());
-  }
+  call_library([&] { dash::run_bwd(p, at::cuda::getCurrentCUDAStream()); });
   if (gqa) {
-    dk = dk_accum.to(k.scalar_type());
-    dv = dv_accum.to(v.scalar_type());
+    // empty_like keeps k's and v's layout (a permuted k gets a permuted dk), as without GQA
+    // and as the op's fake for torch.compile promises; the fp32 accumulators are contiguous.
+    dk = at::empty_like(k);
+    dv = at::empty_like(v);
+    dk.copy_(dk_accum);
+    dv.copy_(dv_accum);
   }
   return {dq, dk, dv, trace_records};
 }
@@ -263,11 +320,12 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_trace_cuda(Tensor const& dout, Te
 
 // The forward: out (shaped like q, contiguous) and softmax_lse (float32, (batch, heads,
 // seqlen_q)). `deterministic` and `schedule` only travel with the op so that autograd can
-// hand them to the backward (the forward's result never depends on them).
+// hand them to the backward (the forward's result never depends on them); the schedule is
+// checked here all the same.
 std::tuple<Tensor, Tensor> fwd_cuda(Tensor const& q, Tensor const& k, Tensor const& v, double softmax_scale,
                                     bool causal, bool deterministic, c10::string_view schedule, int64_t sm_margin) {
   (void)deterministic;
-  (void)schedule;
+  (void)parse_schedule("dash.fwd", schedule, causal);
   for (auto const* t : {&q, &k, &v}) {
     TORCH_CHECK(t->dim() == 4, "dash.fwd: q, k, v must have 4 dims (batch, seqlen, heads, head_dim)");
   }
@@ -289,11 +347,7 @@ std::tuple<Tensor, Tensor> fwd_cuda(Tensor const& q, Tensor const& k, Tensor con
   p.causal = causal;
 
   poison_outputs_if_requested({&out, &lse});
-  try {
-    dash::run_fwd(p, at::cuda::getCurrentCUDAStream());
-  } catch (std::exception const& e) {
-    TORCH_CHECK(false, e.what());
-  }
+  call_library([&] { dash::run_fwd(p, at::cuda::getCurrentCUDAStream()); });
   return {out, lse};
 }
 

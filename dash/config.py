@@ -256,6 +256,8 @@ def render_cpp_header() -> str:
     dims = ", ".join(str(d) for d in SUPPORTED_HEAD_DIMS)
     lines += [
         f"inline constexpr int kSupportedHeadDims[] = {{{dims}}};",
+        "// X(head_dim) for every head dim of the table (host code that switches on the head dim).",
+        "#define DASH_FOR_EACH_HEAD_DIM(X) " + " ".join(f"X({d})" for d in SUPPORTED_HEAD_DIMS),
         f"inline constexpr int kPreprocessThreads = {PREPROCESS_THREADS};",
         f"inline constexpr long long kFwdL2SectionBytes = {FWD_L2_SECTION_BYTES};",
         "",

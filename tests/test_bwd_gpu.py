@@ -229,3 +229,55 @@ def test_window_equivalent_to_causal_runs_the_causal_kernel():
         grads.append((qs.grad, ks.grad, vs.grad))
     for a, b in zip(*grads):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("heads_k", [2, 8])
+def test_gqa_dk_dv_keep_the_layout_of_k_and_v(heads_k):
+    """dk/dv come back in k's/v's layout (what the op's fake promises torch.compile), also under
+    GQA where the kernel accumulates into contiguous fp32 buffers; a permuted (B, H, S, D)
+    k/v through torch.compile gives the eager gradients bit for bit."""
+    q, k, v, dout = _inputs(2, 384, 384, 8, heads_k, 64, torch.bfloat16, _seed("gqa-layout", heads_k))
+    k_bhsd = k.transpose(1, 2).contiguous().transpose(1, 2)  # (B, S, H, D) view of a (B, H, S, D) tensor
+    v_bhsd = v.transpose(1, 2).contiguous().transpose(1, 2)
+    out, lse = _forward(q, k_bhsd, v_bhsd, True)
+    dq, dk, dv = torch.ops.dash.bwd(dout, q, k_bhsd, v_bhsd, out, lse, 0.125, True, True, "fa3", 0)
+    assert dk.stride() == k_bhsd.stride() and dv.stride() == v_bhsd.stride()
+    torch.library.opcheck(torch.ops.dash.bwd.default, (dout, q, k_bhsd, v_bhsd, out, lse, 0.125, True, True, "fa3", 0))
+
+    def step(q, k, v):
+        return flash_attn_func(q, k, v, causal=True, deterministic=True)
+
+    grads = []
+    for fn in (step, torch.compile(step, fullgraph=True)):
+        qs, ks, vs = (t.detach().requires_grad_() for t in (q, k_bhsd, v_bhsd))
+        fn(qs, ks, vs).backward(dout)
+        grads.append((qs.grad, ks.grad, vs.grad))
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)
+
+
+def test_gradient_at_a_misaligned_offset_is_accepted():
+    """cat's backward hands the attention output's gradient over as a contiguous slice at an
+    odd storage offset (not 16-byte aligned, which TMA needs): the op copies it and the
+    gradients are bitwise those of an aligned gradient."""
+    q, k, v, dout = _inputs(1, 256, 256, 2, 2, 128, torch.bfloat16, _seed("misaligned"))
+    grads = []
+    for pad in (3, 8):
+        qs, ks, vs = (t.detach().requires_grad_() for t in (q, k, v))
+        out = flash_attn_func(qs, ks, vs, causal=True, deterministic=True)
+        flat = torch.cat([torch.zeros(pad, device="cuda", dtype=out.dtype), out.flatten()])
+        weight = torch.cat([torch.zeros(pad, device="cuda", dtype=out.dtype), dout.flatten()])
+        (flat.float() * weight.float()).sum().backward()
+        grads.append((qs.grad, ks.grad, vs.grad))
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)
+
+
+def test_forward_op_refuses_a_schedule_its_backward_cannot_run():
+    """dash::fwd carries the schedule for the backward it saves; a bad one is refused at the
+    forward, before activations are kept for a backward that cannot run."""
+    q, k, v, _ = _inputs(1, 128, 128, 2, 2, 64, torch.bfloat16, _seed("fwd-schedule"))
+    with pytest.raises(NotImplementedError, match="bogus"):
+        torch.ops.dash.fwd(q, k, v, 0.125, False, True, "bogus", 0)
+    with pytest.raises(NotImplementedError, match="shift"):
+        torch.ops.dash.fwd(q, k, v, 0.125, True, True, "shift", 0)

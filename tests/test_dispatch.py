@@ -73,3 +73,19 @@ def test_write_generated_removes_units_of_another_choice(tmp_path):
     assert names == ["bwd_hdim128_bf16.cu", "fwd_hdim128_bf16.cu"]
     with pytest.raises(ValueError, match="head_dim 96"):
         config.write_generated(str(tmp_path), (96,), ("bfloat16",))
+
+
+def test_host_sizing_follows_the_config_table(tmp_path):
+    """bwd_block_n (GQA semaphore sizing) and bwd_trace_steps take the tile of the head dim *and
+    mask* from the table, for every head dim it lists, and refuse one it does not list."""
+    from dash.schedules import Problem, tile_problem
+
+    probe = _build_probe(tmp_path, config.SUPPORTED_HEAD_DIMS, config.SUPPORTED_DTYPES)
+    probe.probe_trace_steps.restype = ctypes.c_longlong
+    for d in config.SUPPORTED_HEAD_DIMS:
+        for causal in (False, True):
+            assert probe.probe_block_n(d, int(causal)) == config.bwd_tile_config(d, causal).block_n
+            for sq, sk in ((1000, 1000), (300, 1300), (1300, 300)):
+                steps = tile_problem(Problem(1, 1, sq, sk, head_dim=d, causal=causal)).total_steps
+                assert probe.probe_trace_steps(d, int(causal), sq, sk) == steps
+    assert probe.probe_block_n(96, 0) == -1 and probe.probe_trace_steps(256, 1, 128, 128) == -1

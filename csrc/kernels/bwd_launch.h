@@ -1,9 +1,12 @@
 // Host launch of one backward: preprocess -> persistent main kernel -> dQ convert, all on
 // the caller's stream. Instantiated once per (head dim, element type) translation unit.
 //
-// Every check runs before the first launch, and none is an assert (the build defines
-// NDEBUG): a problem the kernels cannot run raises std::invalid_argument naming what was
-// asked and what is supported; an error never leaves a half-run backward.
+// Every check of the problem runs before the first launch, and none is an assert (the build
+// defines NDEBUG): a problem the kernels cannot run raises std::invalid_argument naming what
+// was asked and what is supported. One check only the launch itself can make: whether the
+// cooperative main kernel's grid fits on the SMs other work leaves free (MPS, green contexts);
+// when it does not, the preprocess has already been queued (harmless: its outputs are
+// workspace) and std::runtime_error suggests a larger sm_margin.
 #pragma once
 
 #include <climits>

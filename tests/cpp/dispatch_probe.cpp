@@ -74,3 +74,37 @@ extern "C" int probe_dispatch(int pass, int head_dim, int dtype) {
 extern "C" int probe_is_built(int head_dim, int dtype) {
   return dash::bwd_is_built(head_dim, dtype == 0 ? dash::DType::kBFloat16 : dash::DType::kFloat16) ? 1 : 0;
 }
+
+namespace dash {
+int bwd_block_n(BwdParams const& p);
+int64_t bwd_trace_steps(BwdParams const& p);
+}  // namespace dash
+
+// The host sizing functions' tile shape for a head dim and mask: kBlockN (what the GQA dK/dV
+// semaphores are sized with), or -1 when the head dim has no tile config.
+extern "C" int probe_block_n(int head_dim, int causal) {
+  dash::BwdParams p;
+  p.head_dim = head_dim;
+  p.causal = causal != 0;
+  try {
+    return dash::bwd_block_n(p);
+  } catch (std::invalid_argument const&) {
+    return -1;
+  }
+}
+
+// Steps of the backward's trace (every (column, Q tile) pair the mask keeps), batch = heads = 1.
+extern "C" long long probe_trace_steps(int head_dim, int causal, int seqlen_q, int seqlen_k) {
+  dash::BwdParams p;
+  p.head_dim = head_dim;
+  p.causal = causal != 0;
+  p.seqlen_q = seqlen_q;
+  p.seqlen_k = seqlen_k;
+  p.batch = 1;
+  p.num_heads = 1;
+  try {
+    return dash::bwd_trace_steps(p);
+  } catch (std::invalid_argument const&) {
+    return -1;
+  }
+}

@@ -21,6 +21,7 @@ from dash import _ext
 from dash.ops import resolve_deterministic, run_backward, run_forward
 from dash.validation import (
     check_tensor,
+    contiguous_last_dim,
     describe_tensor,
     effective_causal,
     reject_unsupported_fa3_arguments,
@@ -33,16 +34,21 @@ __all__ = ["attention_backward", "flash_attn_func", "flash_attn_qkvpacked_func",
 
 def attention_backward(
     dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softmax_lse: Tensor, *,
-    softmax_scale: Optional[float] = None, causal: bool = False, deterministic: bool = False,
+    softmax_scale: Optional[float] = None, causal: bool = False, deterministic: Optional[bool] = None,
     schedule: str = "auto", sm_margin: int = 0,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Run DASH's backward directly on a forward's (out, softmax_lse), whichever forward
-    produced them (same LSE convention). Returns (dq, dk, dv) shaped like q, k, v."""
+    produced them (same LSE convention). Returns (dq, dk, dv) shaped like q, k, v.
+
+    deterministic: as in flash_attn_func: None follows
+    ``torch.are_deterministic_algorithms_enabled()``; True makes dq, dk, dv bitwise
+    reproducible; False while that global flag is on raises PyTorch's non-determinism alert."""
     validate_backward_inputs(dout, q, k, v, out, softmax_lse, softmax_scale=softmax_scale, causal=causal,
                              sm_margin=sm_margin, schedule=schedule, deterministic=deterministic)
     _ext.require_kernels()
+    det = resolve_deterministic(deterministic, needs_grad=True)  # this call is the backward
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
-    return run_backward(dout, q, k, v, out, softmax_lse, scale, causal, deterministic, schedule, sm_margin)
+    return run_backward(dout, q, k, v, out, softmax_lse, scale, causal, det, schedule, sm_margin)
 
 
 def flash_attn_func(
@@ -68,8 +74,10 @@ def flash_attn_func(
     """Attention with FA3's interface; the backward is DASH's.
 
     q: (batch, seqlen_q, heads, head_dim); k, v: (batch, seqlen_k, heads_kv, head_dim),
-    heads % heads_kv == 0 (GQA/MQA). bf16 or fp16, on a compute capability 9.0 GPU.
-    causal=True aligns the mask to the bottom-right corner (FA3's convention).
+    heads % heads_kv == 0 (GQA/MQA). bf16 or fp16, on a compute capability 9.0 GPU. As in
+    FA3, a tensor whose last dim is strided is copied (the kernels need a unit last stride).
+    With a backward (grad mode on and q, k or v requiring grad), batch and heads are at
+    most 65535. causal=True aligns the mask to the bottom-right corner (FA3's convention).
 
     deterministic: None follows ``torch.are_deterministic_algorithms_enabled()``; True makes
         the backward bitwise reproducible; False while that global flag is on raises
@@ -89,6 +97,7 @@ def flash_attn_func(
     """
     reject_unsupported_fa3_arguments(qv=qv, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
                                      attention_chunk=attention_chunk, num_splits=num_splits)
+    q, k, v = contiguous_last_dim(q), contiguous_last_dim(k), contiguous_last_dim(v)
     validate_for_launch(q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
                         sm_margin=sm_margin, schedule=schedule, deterministic=deterministic)
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
@@ -118,9 +127,10 @@ def flash_attn_qkvpacked_func(
     """FA3's packed variant (same arguments and order as FA3's, ``schedule`` last).
 
     qkv: (batch, seqlen, 3, heads, head_dim), or (batch, seqlen, heads_q + 2*heads_kv, head_dim)
-    with ``num_heads_q`` given (GQA packing: q heads first, then k, then v)."""
+    with ``num_heads_q`` given (GQA packing: q heads first, then k, then v). As in FA3,
+    ``num_heads_q`` is ignored for the 5-dim layout."""
     check_tensor("qkv", qkv)
-    if qkv.dim() == 5 and qkv.shape[2] == 3 and num_heads_q is None:
+    if qkv.dim() == 5 and qkv.shape[2] == 3:
         q, k, v = qkv.unbind(dim=2)
     elif qkv.dim() == 4 and num_heads_q is not None:
         heads_kv2 = qkv.shape[2] - num_heads_q

@@ -307,10 +307,6 @@ def is_deterministic_mode(name: str) -> bool:
     return name.endswith("_det") or "_det_" in name
 
 
-DETERMINISTIC_MODES = tuple(f"dash_{s}_det" for s in ("auto",) + KERNEL_SCHEDULE_MODES) + (
-    "user_dash_auto_det", "fa3_det", "fa4_det")
-
-
 def bitwise_repeatable(fn: Callable[[dict], tuple], s: dict, repeats: int) -> bool:
     ref = [t.clone() for t in fn(s)]
     for _ in range(repeats - 1):

@@ -40,6 +40,7 @@ from dash.validation import (
     check_bshd,
     check_output_buffer,
     check_tensor,
+    contiguous_last_dim,
     effective_causal_from_sides,
     reject_unsupported_fa3_arguments,
     validate_backward_inputs,
@@ -56,13 +57,6 @@ __all__ = [
     "_flash_attn_forward",
     "_flash_attn_backward",
 ]
-
-
-def _contiguous_last_dim(name: str, t: object) -> Tensor:
-    """FA3's ``maybe_contiguous``: its entry points copy a tensor whose last dim is strided
-    rather than reject it; DASH's do the same, so FA3 callers see the same behaviour."""
-    check_tensor(name, t)
-    return t.contiguous() if t.dim() > 0 and t.stride(-1) != 1 else t
 
 
 def _flash_attn_forward(
@@ -132,7 +126,7 @@ def _flash_attn_forward(
         num_splits=num_splits,
     )
     check_bool("causal", causal)
-    q, k, v = (_contiguous_last_dim(name, check_bshd(name, t)) for name, t in (("q", q), ("k", k), ("v", v)))
+    q, k, v = (contiguous_last_dim(check_bshd(name, t)) for name, t in (("q", q), ("k", k), ("v", v)))
     # Before the device checks, so an unsupported window is reported as such on any machine.
     is_causal = effective_causal_from_sides(window_size_left, window_size_right, causal, q.shape[1], k.shape[1])
     validate_for_launch(q, k, v, softmax_scale=softmax_scale, causal=is_causal, sm_margin=sm_margin)
@@ -200,8 +194,8 @@ def _flash_attn_backward(
                                      sequed_k=sequed_k, softcap=softcap)
     check_bool("is_causal", is_causal)
     check_bool("deterministic", deterministic)
-    q, k, v = (_contiguous_last_dim(name, check_bshd(name, t)) for name, t in (("q", q), ("k", k), ("v", v)))
-    dout, out = (_contiguous_last_dim(name, t) for name, t in (("dout", dout), ("out", out)))
+    q, k, v = (contiguous_last_dim(check_bshd(name, t)) for name, t in (("q", q), ("k", k), ("v", v)))
+    dout, out = (contiguous_last_dim(check_tensor(name, t)) for name, t in (("dout", dout), ("out", out)))
     # Before the device checks, so an unsupported window is reported as such on any machine.
     causal = effective_causal_from_sides(window_size_left, window_size_right, is_causal, q.shape[1], k.shape[1],
                                          causal_arg="is_causal")

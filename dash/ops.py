@@ -87,7 +87,7 @@ def resolve_deterministic(deterministic: Optional[bool], needs_grad: bool) -> bo
     if not deterministic and globally and needs_grad:
         from torch._prims_common import alert_not_deterministic
 
-        alert_not_deterministic("dash.flash_attn_func backward with deterministic=False")
+        alert_not_deterministic("DASH's attention backward with deterministic=False")
     return deterministic
 
 

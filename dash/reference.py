@@ -15,8 +15,9 @@ tensors.  Layout and semantics follow FlashAttention-3:
   ``(wl, 0)`` (it overrides ``wr``), i.e. ``j <= i + Sk - Sq``.
 * A row that sees no key at all ("fully masked", e.g. ``Sq > Sk`` causal, or a
   narrow window) has ``out = 0``, ``lse = -inf`` and contributes zero gradients.
-  No NaN is ever produced for such rows.  (FA3's kernels store ``+inf`` as the lse
-  of such rows; :func:`attention_backward` accepts either infinity.)
+  No NaN is ever produced for such rows.  (FA3's kernels store ``-inf`` there too,
+  ``hopper/softmax.h``, as DASH's do; FlashAttention-2 and earlier FA3 versions store
+  ``+inf``, so :func:`attention_backward` accepts either infinity.)
 
 Precision (``compute_dtype``)
 -----------------------------

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -257,16 +258,20 @@ class TraceResult:
 def trace_backward(dout, q, k, v, out, softmax_lse, *, softmax_scale: Optional[float] = None, causal: bool = False,
                    deterministic: bool = True, schedule: str = "auto", sm_margin: int = 0):
     """DASH's backward with the kernel's trace flag. Returns ``(dq, dk, dv, TraceResult)``;
-    the gradients are those of ``dash.api.attention_backward`` (same kernels)."""
+    the gradients are those of ``dash.api.attention_backward`` (same kernels).
+
+    ``deterministic`` must be a bool: the trace is read against the model of that mode (no
+    None following ``torch.are_deterministic_algorithms_enabled()`` as in attention_backward)."""
     import torch
 
     from dash import _ext
     from dash.ops import grid_ctas, resolve_schedule
     from dash.schedules import Problem
-    from dash.validation import validate_inputs
+    from dash.validation import check_bool, validate_backward_inputs
 
-    validate_inputs(q, k, v, softmax_scale=softmax_scale, causal=causal, sm_margin=sm_margin, schedule=schedule,
-                    deterministic=deterministic)
+    check_bool("deterministic", deterministic)
+    validate_backward_inputs(dout, q, k, v, out, softmax_lse, softmax_scale=softmax_scale, causal=causal,
+                             sm_margin=sm_margin, schedule=schedule, deterministic=deterministic)
     _ext.require_kernels()
     sched = resolve_schedule(schedule, q, k, causal, deterministic, sm_margin)
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
@@ -342,7 +347,8 @@ def plot_trace_gantt(trace: TraceResult, path: str, *, model: Optional[SimResult
 # python -m dash trace
 # ---------------------------------------------------------------------------------------------
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from dash.cli import chart_file, head_dim, nonnegative_int, positive_int
+    from dash.cli import chart_file, head_dim, kernel_schedule, nonnegative_int, positive_int
+    from dash.config import KERNEL_SCHEDULES
 
     p.add_argument("--seqlen", type=positive_int, default=4096, help="seqlen_q = seqlen_k (default 4096)")
     p.add_argument("--seqlen-k", type=positive_int, default=None, help="seqlen_k if different")
@@ -351,12 +357,42 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=positive_int, default=None, help="default: 16384 // seqlen (16k tokens)")
     p.add_argument("--heads", type=positive_int, default=None, help="default: 2048 // hdim (hidden 2048)")
     p.add_argument("--heads-kv", type=positive_int, default=None, help="default: --heads (MHA)")
-    p.add_argument("--schedule", default="auto", help="a kernel schedule or auto (default)")
+    p.add_argument("--schedule", type=kernel_schedule, default="auto", metavar="NAME",
+                   help=f"auto (default) or a kernel schedule: {', '.join(KERNEL_SCHEDULES)}")
     p.add_argument("--nondeterministic", action="store_true", help="trace the non-deterministic mode")
     p.add_argument("--sm-margin", type=nonnegative_int, default=0)
     p.add_argument("--gantt", type=chart_file, default=None, help="write the measured-vs-model Gantt chart here")
     p.add_argument("--json", default=None, help="write the summary (and fitted costs) as JSON here")
     p.add_argument("--max-ctas", type=positive_int, default=32, help="CTAs shown in the Gantt chart")
+
+
+def _shape(args: argparse.Namespace) -> tuple[int, int, int, int, int]:
+    """(batch, seqlen_k, heads, heads_kv, head_dim) of the traced problem, defaults resolved."""
+    heads = args.heads or max(2048 // args.hdim, 1)
+    return (args.batch or max(16384 // args.seqlen, 1), args.seqlen_k or args.seqlen, heads,
+            args.heads_kv or heads, args.hdim)
+
+
+def _random_inputs(args: argparse.Namespace, device: str = "cuda"):
+    """q, k, v, dout of the traced problem (bf16, seed 0)."""
+    import torch
+
+    batch, seqlen_k, heads, heads_kv, hdim = _shape(args)
+    g = torch.Generator(device=device).manual_seed(0)
+    q = torch.randn(batch, args.seqlen, heads, hdim, device=device, dtype=torch.bfloat16, generator=g)
+    k = torch.randn(batch, seqlen_k, heads_kv, hdim, device=device, dtype=torch.bfloat16, generator=g)
+    return q, k, torch.randn_like(k), torch.randn_like(q)
+
+
+def combination_problem(args: argparse.Namespace) -> str | None:
+    """Why these options cannot run together (one line naming the argument), or None."""
+    _, _, heads, heads_kv, _ = _shape(args)
+    if heads % heads_kv:
+        return (f"argument --heads-kv: {heads_kv} does not divide the {heads} query heads "
+                "(GQA needs heads % heads-kv == 0)")
+    if args.schedule == "shift" and args.causal:
+        return "argument --schedule: 'shift' is for full masks; with --causal use auto, fa3, interleaved or descending"
+    return None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -367,33 +403,39 @@ def run(args: argparse.Namespace) -> int:
         why = output_path_problem(args.json)
         if why:
             return usage_error("trace", f"argument --json: {why}")
+    why = combination_problem(args)
+    if why:
+        return usage_error("trace", why)
     ok, why = _gpu_ok()
     if not ok:
-        print(f"python -m dash trace: needs an sm_90 GPU with DASH's kernels ({why}); "
-              "python -m dash simulate runs the model alone", flush=True)
+        print(f"python -m dash trace: error: needs an sm_90 GPU with DASH's kernels ({why}); nothing to trace here "
+              "(python -m dash simulate runs the scheduling model without a GPU)", file=sys.stderr)
         return 1
     import torch
 
-    seqlen_k = args.seqlen_k or args.seqlen
-    batch = args.batch or max(16384 // args.seqlen, 1)
-    heads = args.heads or 2048 // args.hdim
-    heads_kv = args.heads_kv or heads
-    if heads % heads_kv:
-        return usage_error("trace", f"argument --heads-kv: {heads_kv} does not divide the {heads} query heads")
-    g = torch.Generator(device="cuda").manual_seed(0)
-    q = torch.randn(batch, args.seqlen, heads, args.hdim, device="cuda", dtype=torch.bfloat16, generator=g)
-    k = torch.randn(batch, seqlen_k, heads_kv, args.hdim, device="cuda", dtype=torch.bfloat16, generator=g)
-    v = torch.randn_like(k)
-    dout = torch.randn_like(q)
-    from dash.ops import forward_impl
-
-    out, lse = forward_impl(q, k, v, args.hdim ** -0.5, args.causal)
+    batch, _, heads, _, hdim = _shape(args)
     det = not args.nondeterministic
-    # One untraced warm-up call (module load, descriptor caches), then the traced one.
-    trace_backward(dout, q, k, v, out, lse, causal=args.causal, deterministic=det, schedule=args.schedule,
-                   sm_margin=args.sm_margin)
-    *_, tr = trace_backward(dout, q, k, v, out, lse, causal=args.causal, deterministic=det, schedule=args.schedule,
-                            sm_margin=args.sm_margin)
+    try:
+        q, k, v, dout = _random_inputs(args)
+        from dash.ops import forward_impl
+        from dash.validation import validate_inputs
+
+        # The forward below runs the op directly: DASH's checks first (a head dim or dtype not
+        # built here, a schedule that cannot run this shape), so they say what is wrong.
+        validate_inputs(q, k, v, causal=args.causal, deterministic=det, schedule=args.schedule,
+                        sm_margin=args.sm_margin, backward=True)
+        out, lse = forward_impl(q, k, v, hdim ** -0.5, args.causal)
+        # One untraced warm-up call (module load, descriptor caches), then the traced one.
+        trace_backward(dout, q, k, v, out, lse, causal=args.causal, deterministic=det, schedule=args.schedule,
+                       sm_margin=args.sm_margin)
+        *_, tr = trace_backward(dout, q, k, v, out, lse, causal=args.causal, deterministic=det,
+                                schedule=args.schedule, sm_margin=args.sm_margin)
+    except (ValueError, NotImplementedError) as e:  # DASH's input checks (e.g. 'shift' on too short a seqlen)
+        return usage_error("trace", str(e).splitlines()[0])
+    except torch.cuda.OutOfMemoryError:
+        print(f"python -m dash trace: error: out of GPU memory for batch {batch} x seqlen {args.seqlen} x {heads} "
+              "heads; lower --batch or --seqlen", file=sys.stderr)
+        return 1
     s = tr.summary()
     print(f"{torch.cuda.get_device_name(0)}: {s['problem']}; schedule {tr.schedule}, "
           f"{'deterministic' if det else 'non-deterministic'}, {tr.ctas} CTAs, {tr.num_steps} steps")

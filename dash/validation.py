@@ -33,6 +33,9 @@ SCHEDULE_NAMES: tuple[str, ...] = ("auto",) + MODEL_SCHEDULE_NAMES
 TENSOR_DTYPES: tuple[torch.dtype, ...] = tuple(getattr(torch, name) for name in SUPPORTED_DTYPES)
 #: The kernels' TMA loads need 16-byte aligned base pointers and strides.
 TMA_ALIGN_BYTES = 16
+#: Largest batch and number of query heads the backward runs: its pre/post-process grids are
+#: (Q tiles, heads, batch), and CUDA limits a grid's y and z dimensions to 65535.
+BWD_MAX_BATCH_HEADS = 65535
 
 #: FA3 arguments for features DASH does not have, each accepted only at its "off" value
 #: (None). The text says what the argument is for, so the error explains what is missing.
@@ -138,12 +141,25 @@ def is_tma_aligned(t: Tensor) -> bool:
     )
 
 
+def contiguous_last_dim(t: object) -> object:
+    """FA3's ``maybe_contiguous``: FA3's entry points copy a tensor whose last dim is strided
+    rather than reject it, and so do DASH's (the kernels need a unit last stride). Anything
+    else, a non-tensor included, is returned as it is, for validation to report."""
+    return t.contiguous() if isinstance(t, Tensor) and t.dim() > 0 and t.stride(-1) != 1 else t
+
+
+# softcap, attention_chunk and num_splits are a float and ints in FA3's op schema, which
+# refuses None: a wrong type is a TypeError here too, not a missing feature.
 def check_softcap(softcap: object) -> None:
+    if not isinstance(softcap, numbers.Real):
+        raise TypeError(f"softcap must be a float (0.0: no softcapping), got {softcap!r}")
     if softcap != 0.0:
         raise NotImplementedError(f"softcap={softcap}: softcapping is not supported yet; use 0.0")
 
 
 def check_attention_chunk(attention_chunk: object) -> None:
+    if not isinstance(attention_chunk, numbers.Integral):
+        raise TypeError(f"attention_chunk must be an int (0: no chunking), got {attention_chunk!r}")
     if attention_chunk != 0:
         raise NotImplementedError(f"attention_chunk={attention_chunk} is not supported yet; use 0")
 
@@ -152,6 +168,8 @@ def check_num_splits(num_splits: object) -> None:
     # FA3: 1 = no split, > 1 = that many splits, <= 0 = its heuristic decides. DASH's forward
     # never splits, so 0 ("you decide") means the same as 1; negative values, which FA3 treats
     # like 0 without documenting them, are refused rather than guessed at.
+    if not isinstance(num_splits, numbers.Integral):
+        raise TypeError(f"num_splits must be an int (1: no split, 0: FA3's heuristic), got {num_splits!r}")
     if num_splits not in (0, 1):
         raise NotImplementedError(f"num_splits={num_splits} (split-KV forward) is not supported yet; use 1")
 
@@ -159,8 +177,9 @@ def check_num_splits(num_splits: object) -> None:
 def reject_unsupported_fa3_arguments(**arguments: object) -> None:
     """NotImplementedError for the first FA3 argument (in the order given) that asks for a
     feature DASH does not have: a tensor argument of ``_FEATURES_OFF_WHEN_NONE`` that is not
-    None, ``attention_chunk`` != 0, ``num_splits`` other than 0/1, ``softcap`` != 0.
-    Looks only at the arguments' values, never at q, k, v, so it can run first."""
+    None, ``attention_chunk`` != 0, ``num_splits`` other than 0/1, ``softcap`` != 0 (TypeError
+    where one of these three is not a number, None included). Looks only at the arguments'
+    values, never at q, k, v, so it can run first."""
     for name, value in arguments.items():
         if name in _FEATURES_OFF_WHEN_NONE:
             if value is not None:
@@ -246,10 +265,15 @@ def validate_inputs(
     sm_margin: int = 0,
     schedule: str = "auto",
     deterministic: Optional[bool] = None,
+    backward: Optional[bool] = None,
     check_device: bool = True,
 ) -> None:
     """Raise a clear error (naming the argument, its value and what is supported) for any
     input DASH cannot run. Shapes: q (B, Sq, H, D), k and v (B, Sk, Hk, D), H % Hk == 0.
+
+    ``backward``: whether a backward will run on these inputs, which adds the backward's
+    limits (batch and heads at most ``BWD_MAX_BATCH_HEADS``); None means "if grad mode is on
+    and q, k or v requires grad", as for flash_attn_func's autograd.
 
     ``check_device=False`` skips what needs the real device (its type, compute capability,
     SM count and the data pointers' alignment); flash_attn_func passes it while torch.compile
@@ -261,13 +285,20 @@ def validate_inputs(
     attention call saved)."""
     key = None
     if check_device and type(q) is Tensor and type(k) is Tensor and type(v) is Tensor and type(window_size) is tuple:
+        if backward is None:
+            backward = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
         key = (q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype, k.device, v.shape, v.stride(),
                v.dtype, v.device, window_size, softmax_scale, type(softmax_scale), causal, type(causal), softcap,
-               type(softcap), sm_margin, type(sm_margin), schedule, deterministic, type(deterministic))
-        if key in _VALID_CALLS and (q.data_ptr() | k.data_ptr() | v.data_ptr()) % TMA_ALIGN_BYTES == 0:
+               type(softcap), sm_margin, type(sm_margin), schedule, deterministic, type(deterministic), backward)
+        try:
+            known = key in _VALID_CALLS
+        except TypeError:  # an unhashable option (a list for a str, say): full validation names it
+            key, known = None, False
+        if known and (q.data_ptr() | k.data_ptr() | v.data_ptr()) % TMA_ALIGN_BYTES == 0:
             return
     _validate_inputs(q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
-                     sm_margin=sm_margin, schedule=schedule, deterministic=deterministic, check_device=check_device)
+                     sm_margin=sm_margin, schedule=schedule, deterministic=deterministic, backward=backward,
+                     check_device=check_device)
     if key is not None:
         if len(_VALID_CALLS) >= 4096:  # bounded: a long-running process with ever new shapes
             _VALID_CALLS.clear()
@@ -279,7 +310,7 @@ _VALID_CALLS: set = set()
 
 
 def _validate_inputs(q: Tensor, k: Tensor, v: Tensor, *, softmax_scale, causal, window_size, softcap, sm_margin,
-                     schedule, deterministic, check_device) -> None:
+                     schedule, deterministic, backward, check_device) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_bshd(name, t)
     if check_device:
@@ -315,6 +346,15 @@ def _validate_inputs(q: Tensor, k: Tensor, v: Tensor, *, softmax_scale, causal, 
             f"q has {heads} heads, which is not divisible by the {k.shape[2]} heads of k/v "
             "(GQA/MQA need heads_q % heads_kv == 0)"
         )
+    if backward is None:
+        backward = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    if backward:
+        for name, value in (("batch", batch), ("heads", heads)):
+            if value > BWD_MAX_BATCH_HEADS:
+                raise NotImplementedError(
+                    f"{name}={value} is not supported by the backward yet: at most {BWD_MAX_BATCH_HEADS} (a CUDA "
+                    f"grid dimension of its pre/post-processing); split the {name} into calls of at most that many"
+                )
     if k.shape[3] != head_dim:
         raise ValueError(f"k has head_dim {k.shape[3]} but q has {head_dim}; they must match")
     if v.shape[3] != head_dim:
@@ -327,9 +367,11 @@ def _validate_inputs(q: Tensor, k: Tensor, v: Tensor, *, softmax_scale, causal, 
     _check_built(head_dim, q.dtype)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if check_device and not is_tma_aligned(t):
+            # .contiguous() of a contiguous tensor is that tensor, misaligned pointer and all.
+            fix = ".clone()" if t.is_contiguous() else ".contiguous()"
             raise ValueError(
                 f"{name} has strides {tuple(t.stride())} / data pointer not aligned to 16 bytes, which the TMA "
-                "loads need; call .contiguous()"
+                f"loads need; call {fix}"
             )
     if softmax_scale is not None and (
         isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real)
@@ -383,9 +425,10 @@ def validate_for_launch(q: Tensor, k: Tensor, v: Tensor, **options) -> None:
 
 def validate_backward_inputs(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softmax_lse: Tensor,
                              **options) -> None:
-    """validate_inputs on q, k, v (``options`` are its keywords), then the forward's results
-    and the incoming gradient: dout and out shaped like q, softmax_lse float32 (B, H, Sq)."""
-    validate_inputs(q, k, v, **options)
+    """validate_inputs on q, k, v (``options`` are its keywords) with the backward's limits,
+    then the forward's results and the incoming gradient: dout and out shaped like q,
+    softmax_lse float32 (B, H, Sq) on q's device."""
+    validate_inputs(q, k, v, backward=True, **options)
     for name, t in (("dout", dout), ("out", out)):
         check_tensor(name, t)
         if t.shape != q.shape or t.dtype != q.dtype or t.device != q.device:
@@ -395,6 +438,9 @@ def validate_backward_inputs(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out:
     expected = (q.shape[0], q.shape[2], q.shape[1])
     if tuple(softmax_lse.shape) != expected or softmax_lse.dtype != torch.float32:
         raise ValueError(f"softmax_lse must be float32 of shape {expected}; got {describe_tensor(softmax_lse)}")
+    if softmax_lse.device != q.device:
+        raise ValueError(f"softmax_lse is on {softmax_lse.device} but q is on {q.device}; all inputs must share "
+                         "one device")
 
 
 def check_output_buffer(name: str, buffer: object, like: Tensor, like_name: str) -> Tensor:

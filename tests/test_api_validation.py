@@ -75,6 +75,41 @@ def _err(excinfo) -> str:
     return str(excinfo.value)
 
 
+def _same_view(a, b) -> bool:
+    """a and b are the same elements of the same storage (the same view, not a copy)."""
+    return (a.data_ptr(), a.shape, a.stride(), a.dtype) == (b.data_ptr(), b.shape, b.stride(), b.dtype)
+
+
+@pytest.fixture
+def cpu_as_sm90(monkeypatch):
+    """CPU tensors validated as on an sm_90 device (only the device checks are patched, as in
+    test_repeated_valid_calls_skip_revalidation_but_not_the_pointer_check), with dash.api's
+    ops replaced by recorders: yields the list of calls (each a dict of the op's arguments)."""
+    from dash import validation
+
+    monkeypatch.setattr(validation, "check_cuda_devices", lambda q, k, v: None)
+    monkeypatch.setattr(validation, "cuda_device_info", lambda index: ((9, 0), 132))
+    monkeypatch.setattr(validation, "_check_built", lambda head_dim, dtype: None)
+    monkeypatch.setattr(_ext, "require_kernels", lambda: None)
+    calls = []
+
+    def run_forward(q, k, v, softmax_scale, causal, deterministic, schedule, sm_margin):
+        calls.append(dict(q=q, k=k, v=v, softmax_scale=softmax_scale, causal=causal, deterministic=deterministic,
+                          schedule=schedule, sm_margin=sm_margin))
+        return torch.zeros(q.shape, dtype=q.dtype), torch.zeros(q.shape[0], q.shape[2], q.shape[1])
+
+    def run_backward(dout, q, k, v, out, softmax_lse, softmax_scale, causal, deterministic, schedule, sm_margin):
+        calls.append(dict(dout=dout, q=q, k=k, v=v, out=out, softmax_lse=softmax_lse, softmax_scale=softmax_scale,
+                          causal=causal, deterministic=deterministic, schedule=schedule, sm_margin=sm_margin))
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+
+    monkeypatch.setattr(api, "run_forward", run_forward)
+    monkeypatch.setattr(api, "run_backward", run_backward)
+    validation._VALID_CALLS.clear()  # CPU keys must not outlive the patched device checks
+    yield calls
+    validation._VALID_CALLS.clear()
+
+
 # ---------------------------------------------------------------------------------------
 # Tensors: type, rank, dtype, emptiness, layout
 # ---------------------------------------------------------------------------------------
@@ -457,12 +492,14 @@ def test_qkvpacked_wrong_shape(shape):
     assert msg.startswith("qkv must be (batch, seqlen, 3, heads, head_dim)") and str(shape) in msg
 
 
-def test_qkvpacked_5d_with_num_heads_q_is_rejected():
+@pytest.mark.parametrize("num_heads_q", [4, 7])
+def test_qkvpacked_5d_ignores_num_heads_q_as_fa3_does(num_heads_q, cpu_as_sm90):
+    """FA3 reads num_heads_q only for the 4-dim layout; a 5-dim qkv is unbound whatever it says."""
     qkv = torch.randn(2, 16, 3, 4, 64, dtype=torch.bfloat16)
-    with pytest.raises(ValueError) as e:
-        flash_attn_qkvpacked_func(qkv, num_heads_q=4)
-    msg = _err(e)
-    assert msg.startswith("qkv must be") and "num_heads_q=4" in msg and "(2, 16, 3, 4, 64)" in msg
+    flash_attn_qkvpacked_func(qkv, num_heads_q=num_heads_q)
+    (call,) = cpu_as_sm90
+    for i, name in enumerate("qkv"):
+        assert _same_view(call[name], qkv[:, :, i]), name
 
 
 @pytest.mark.parametrize("num_heads_q", [7, 12, 13, 0, -2])
@@ -488,17 +525,47 @@ def test_qkvpacked_valid_shape_reaches_device_check(qkv_shape, num_heads_q):
     _assert_device_error(_err(e))
 
 
-@pytest.mark.parametrize("kw", [dict(softcap=1.0), dict(window_size=(8, 8)), dict(schedule="bogus"),
-                                dict(sm_margin=-1), dict(softmax_scale=-1.0)], ids=str)
-def test_qkvpacked_forwards_arguments_to_validation(kw):
-    """The packed entry point hands its arguments to flash_attn_func: on CPU the device error still
-    wins, and with device checks off the same arguments are rejected by validate_inputs."""
+@pytest.mark.parametrize("causal, window_size", [(True, (-1, -1)), (False, (-1, 0))])
+@pytest.mark.parametrize("layout", ["5d", "4d_gqa"])
+def test_qkvpacked_forwards_its_arguments_to_the_forward(layout, causal, window_size, cpu_as_sm90):
+    """What the packed entry point hands on arrives at the forward: the q, k, v views of qkv
+    and every option, each different from its default (window_size (-1, 0) with causal=False
+    is the causal mask only if the window arrives; the default scale would be 0.125)."""
+    if layout == "5d":
+        qkv = torch.randn(2, 16, 3, 4, 64, dtype=torch.float16)
+        views, num_heads_q = qkv.unbind(dim=2), None
+    else:
+        qkv = torch.randn(2, 16, 8 + 2 * 2, 64, dtype=torch.float16)
+        views, num_heads_q = qkv.split([8, 2, 2], dim=2), 8
+    out, lse = flash_attn_qkvpacked_func(qkv, 0.25, causal, window_size=window_size, softcap=0.0, deterministic=True,
+                                         num_heads_q=num_heads_q, sm_margin=3, return_attn_probs=True,
+                                         schedule="descending")
+    (call,) = cpu_as_sm90
+    for name, view in zip("qkv", views):
+        assert _same_view(call[name], view), name
+    assert (call["softmax_scale"], call["causal"], call["deterministic"], call["schedule"], call["sm_margin"]) == (
+        0.25, True, True, "descending", 3)
+    assert out.shape == views[0].shape and lse.shape == (2, views[0].shape[2], 16)
+
+
+@pytest.mark.parametrize("kw, error, text", [
+    (dict(softcap=1.0), NotImplementedError, "softcap=1.0"),
+    (dict(softcap=None), TypeError, "softcap must be a float"),
+    (dict(window_size=(8, 8)), NotImplementedError, "window_size=(8, 8)"),
+    (dict(causal=1), TypeError, "causal must be a bool"),
+    (dict(deterministic="yes"), TypeError, "deterministic must be None or a bool"),
+    (dict(schedule="bogus"), ValueError, "schedule='bogus' is unknown"),
+    (dict(sm_margin=-1), ValueError, "sm_margin=-1"),
+    (dict(softmax_scale=-1.0), ValueError, "softmax_scale=-1.0"),
+], ids=str)
+def test_qkvpacked_forwards_bad_arguments_to_validation(kw, error, text, cpu_as_sm90):
+    """Each bad option given to the packed entry point is refused by validation, by name, on a
+    device that passes the device checks (so the error is the option's, not the device's)."""
     qkv = torch.randn(2, 16, 3, 4, 64, dtype=torch.float16)
-    with pytest.raises(ValueError) as e:
+    with pytest.raises(error) as e:
         flash_attn_qkvpacked_func(qkv, **kw)
-    _assert_device_error(_err(e))
-    with pytest.raises((ValueError, NotImplementedError)):
-        _validate(*qkv.unbind(dim=2), **kw)
+    assert text in _err(e)
+    assert cpu_as_sm90 == []
 
 
 @pytest.mark.parametrize("arg", ["q_descale", "k_descale", "v_descale"])
@@ -838,3 +905,186 @@ def test_repeated_valid_calls_skip_revalidation_but_not_the_pointer_check(monkey
     with pytest.raises(TypeError, match="causal must be a bool"):
         validation.validate_inputs(q, k, v, causal=1)
     validation._VALID_CALLS.clear()
+
+
+# ---------------------------------------------------------------------------------------
+# The remembered-call key, the backward's limits, attention_backward's determinism
+# ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kw, error, text", [
+    (dict(schedule=["fa3"]), ValueError, "schedule=['fa3'] is unknown"),
+    (dict(deterministic=[True]), TypeError, "deterministic must be None or a bool, got [True]"),
+    (dict(softcap=[0.0]), TypeError, "softcap must be a float (0.0: no softcapping), got [0.0]"),
+    (dict(window_size=([-1], 0)), TypeError, "window_size must be a pair of ints"),
+    (dict(causal=[True]), TypeError, "causal must be a bool, got [True]"),
+    (dict(softmax_scale=[0.1]), ValueError, "softmax_scale=[0.1] must be None"),
+    (dict(sm_margin=[0]), ValueError, "sm_margin=[0] must be an int"),
+], ids=str)
+def test_unhashable_options_get_their_own_error(kw, error, text, cpu_as_sm90):
+    """The remembered-call key holds the options; an unhashable one (a list) is validated in
+    full and named, not reported as Python's 'unhashable type'."""
+    from dash import validation
+
+    q, k, v = _qkv()
+    with pytest.raises(error) as e:
+        validation.validate_inputs(q, k, v, **kw)
+    assert text in _err(e)
+    with pytest.raises(error) as e:
+        flash_attn_func(q, k, v, **kw)
+    assert text in _err(e)
+    assert validation._VALID_CALLS == set() and cpu_as_sm90 == []
+
+
+def test_unhashable_option_on_cpu_gets_the_device_error():
+    q, k, v = _qkv()
+    with pytest.raises(ValueError) as e:
+        flash_attn_func(q, k, v, schedule=["fa3"])
+    _assert_device_error(_err(e))
+
+
+def _validate_backward(*tensors, **kw):
+    from dash.validation import validate_backward_inputs
+
+    return validate_backward_inputs(*tensors, check_device=False, **kw)
+
+
+def _wide(batch=1, heads=1, heads_kv=1, requires_grad=False):
+    """q, k, v of (batch, 4, heads, 64) as expanded views of one small tensor (no allocation
+    of their size; validation reads shapes and strides only)."""
+    base = torch.randn(1, 4, 1, 64, dtype=torch.bfloat16, requires_grad=requires_grad)
+    return (base.expand(batch, 4, heads, 64), base.expand(batch, 4, heads_kv, 64), base.expand(batch, 4, heads_kv, 64))
+
+
+@pytest.mark.parametrize("name, shape", [("batch", dict(batch=65536)), ("heads", dict(heads=65536)),
+                                         ("heads", dict(heads=70000, heads_kv=7))], ids=str)
+def test_backward_limits_batch_and_heads(name, shape):
+    """The backward's pre/post-process grids take batch and heads as CUDA grid y/z (at most
+    65535): refused up front whenever a backward will run, not after the forward."""
+    value = shape.get(name)
+    q, k, v = _wide(**shape, requires_grad=True)
+    text = f"{name}={value} is not supported by the backward yet: at most 65535"
+    with pytest.raises(NotImplementedError, match=rf"^{text}"):
+        _validate(q, k, v)  # requires grad, grad mode on: a backward will run
+    with pytest.raises(NotImplementedError, match=rf"^{text}"):
+        _validate(*(t.detach() for t in (q, k, v)), backward=True)
+    lse = torch.zeros(1, 1, 1).expand(q.shape[0], q.shape[2], q.shape[1])
+    with pytest.raises(NotImplementedError, match=rf"^{text}"):
+        _validate_backward(q.detach(), q.detach(), k.detach(), v.detach(), q.detach(), lse)
+    # No backward: the forward alone has no such limit.
+    assert _validate(*(t.detach() for t in (q, k, v))) is None
+    with torch.no_grad():
+        assert _validate(q, k, v) is None
+
+
+def test_backward_limit_is_part_of_the_remembered_key(cpu_as_sm90):
+    """A shape remembered as valid without grad is checked again when a backward will run."""
+    q, k, v = _wide(batch=65536)
+    flash_attn_func(q, k, v)
+    assert len(cpu_as_sm90) == 1
+    q, k, v = _wide(batch=65536, requires_grad=True)
+    with pytest.raises(NotImplementedError, match=r"^batch=65536 is not supported by the backward"):
+        flash_attn_func(q, k, v)
+    assert _validate(*_wide(batch=65535, heads=65535, requires_grad=True)) is None
+
+
+def test_softmax_lse_must_be_on_qs_device():
+    q, k, v = _qkv()
+    lse = torch.zeros(2, 4, 16, device="meta")
+    with pytest.raises(ValueError, match=r"^softmax_lse is on meta but q is on cpu; all inputs must share one device"):
+        _validate_backward(q.clone(), q, k, v, q.clone(), lse)
+
+
+def test_attention_backward_deterministic_follows_torch_by_default(cpu_as_sm90):
+    assert inspect.signature(attention_backward).parameters["deterministic"].default is None
+    q, k, v = _qkv()
+    args = (q.clone(), q, k, v, q.clone(), torch.zeros(2, 4, 16))
+    attention_backward(*args)
+    attention_backward(*args, deterministic=True)
+    attention_backward(*args, deterministic=False)
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        attention_backward(*args)
+        attention_backward(*args, deterministic=None)
+        with pytest.raises(RuntimeError, match="does not have a deterministic implementation"):
+            attention_backward(*args, deterministic=False)
+    finally:
+        torch.use_deterministic_algorithms(was)
+    assert [c["deterministic"] for c in cpu_as_sm90] == [False, True, False, True, True]
+    with pytest.raises(TypeError, match=r"^deterministic must be None or a bool, got 'yes'"):
+        attention_backward(*args, deterministic="yes")
+
+
+@pytest.mark.parametrize("deterministic", [None, 1, "yes"], ids=repr)
+def test_trace_backward_deterministic_must_be_a_bool(deterministic):
+    from dash.trace import trace_backward
+
+    q, k, v = _qkv()
+    with pytest.raises(TypeError, match=rf"^deterministic must be a bool, got {deterministic!r}"):
+        trace_backward(q.clone(), q, k, v, q.clone(), torch.zeros(2, 4, 16), deterministic=deterministic)
+
+
+# ---------------------------------------------------------------------------------------
+# Layouts flash_attn_func copies (as FA3 does) and the ones it refuses
+# ---------------------------------------------------------------------------------------
+def test_flash_attn_func_copies_a_strided_last_dim_as_fa3_does(cpu_as_sm90):
+    q, k, v = _qkv()
+    wide = torch.zeros(2, 16, 4, 128, dtype=q.dtype)
+    wide[..., ::2] = q
+    strided = wide[..., ::2]
+    flash_attn_func(strided, k, v)
+    (call,) = cpu_as_sm90
+    assert call["q"].stride(-1) == 1 and torch.equal(call["q"], q)
+    assert call["k"] is k and call["v"] is v  # unit last stride: passed as given, no copy
+
+
+def test_flash_attn_func_copy_of_a_strided_last_dim_keeps_the_graph(cpu_as_sm90):
+    """The copy is differentiable, as FA3's is: gradients reach the caller's strided tensor."""
+    _, k, v = _qkv()
+    wide = torch.zeros(2, 16, 4, 128, dtype=torch.bfloat16, requires_grad=True)
+    flash_attn_func(wide[..., ::2], k, v)
+    (call,) = cpu_as_sm90
+    torch.autograd.backward(call["q"], torch.ones_like(call["q"]))
+    assert torch.equal(wide.grad[..., ::2], torch.ones(2, 16, 4, 64)) and not wide.grad[..., 1::2].any()
+
+
+@pytest.mark.parametrize("layout, fix", [("contiguous, pointer 2 bytes off", ".clone()"),
+                                         ("row stride of 136 bytes", ".contiguous()")])
+def test_misaligned_layout_error_names_the_call_that_fixes_it(layout, fix, cpu_as_sm90):
+    """.contiguous() of a contiguous tensor is the same tensor, misaligned pointer and all."""
+    q, k, v = _qkv()
+    if fix == ".clone()":
+        bad = torch.empty(q.numel() + 8, dtype=q.dtype)[1:1 + q.numel()].view(q.shape)
+        assert bad.is_contiguous() and bad.data_ptr() % 16
+    else:
+        bad = torch.randn(2, 16, 4, 68, dtype=q.dtype)[..., :64]
+        assert not bad.is_contiguous() and bad.data_ptr() % 16 == 0
+    with pytest.raises(ValueError) as e:
+        flash_attn_func(bad, k, v)
+    assert "not aligned to 16 bytes" in _err(e) and _err(e).endswith(f"call {fix}")
+
+
+# ---------------------------------------------------------------------------------------
+# FA3 options whose type is wrong (None included): TypeError, not "not supported yet"
+# ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kw, text", [
+    (dict(num_splits=None), "num_splits must be an int (1: no split, 0: FA3's heuristic), got None"),
+    (dict(num_splits=1.0), "num_splits must be an int (1: no split, 0: FA3's heuristic), got 1.0"),
+    (dict(attention_chunk=None), "attention_chunk must be an int (0: no chunking), got None"),
+], ids=str)
+def test_fa3_numeric_options_of_the_wrong_type(kw, text):
+    """FA3's op schema types them int, so None is refused there too: a type error, here before
+    the device check (as for their unsupported values)."""
+    with pytest.raises(TypeError) as e:
+        flash_attn_func(*_qkv(), **kw)
+    assert _err(e) == text
+
+
+@pytest.mark.parametrize("softcap", [None, "0"], ids=repr)
+def test_softcap_of_the_wrong_type(softcap, cpu_as_sm90):
+    text = f"softcap must be a float (0.0: no softcapping), got {softcap!r}"
+    with pytest.raises(TypeError) as e:
+        _validate(*_qkv(), softcap=softcap)
+    assert _err(e) == text
+    with pytest.raises(TypeError) as e:
+        flash_attn_func(*_qkv(), softcap=softcap)
+    assert _err(e) == text

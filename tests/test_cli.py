@@ -565,3 +565,67 @@ def test_config_module_writes_the_header(tmp_path):
     assert out.read_text() == p.stdout
     assert C.write_if_changed(str(out), p.stdout) is False
     assert C.write_if_changed(str(out), p.stdout + "// changed\n") is True
+
+
+# ---------------------------------------------------------------------------------------
+# python -m dash trace: bad input is one line and exit 2, as for profile; no GPU is exit 1
+# ---------------------------------------------------------------------------------------
+_TRACE = ["trace", "--seqlen", "128", "--hdim", "64", "--batch", "1", "--heads", "2"]
+
+
+def _sm90_usable() -> bool:
+    """What ``trace`` checks before it runs: an sm_90 GPU and loadable kernels."""
+    from dash._bench import _gpu_ok
+
+    try:
+        return _gpu_ok()[0]
+    except ImportError:
+        return False
+
+
+@pytest.mark.parametrize("extra, expected", [
+    (["--schedule", "bogus"], "argument --schedule: 'bogus' is not a kernel schedule; choose auto, fa3"),
+    (["--schedule", "portable"], ("argument --schedule: 'portable' is modelled (python -m dash simulate) but not "
+                                  "implemented by the kernel yet")),
+    (["--schedule", "symmetric_shift"], "argument --schedule: 'symmetric_shift' is modelled"),
+    (["--schedule", "shift", "--causal"], "argument --schedule: 'shift' is for full masks; with --causal use auto"),
+    (["--heads-kv", "3"], "argument --heads-kv: 3 does not divide the 2 query heads"),
+    (["--sm-margin", "-1"], "argument --sm-margin: -1 is not a non-negative integer"),
+], ids=str)
+def test_trace_bad_input_is_one_line_before_any_gpu_work(extra, expected, capsys):
+    rc, out, err = _main(_TRACE + extra, capsys)
+    assert rc == 2 and out == ""
+    _assert_one_line(err)
+    assert err.startswith("python -m dash trace: error: ") and expected in err, err
+
+
+def test_trace_bogus_schedule_subprocess():
+    p = _dash(*_TRACE, "--schedule", "bogus")
+    assert p.returncode == 2 and p.stdout == ""
+    _assert_one_line(p.stderr)
+    assert "argument --schedule: 'bogus' is not a kernel schedule" in p.stderr
+
+
+def test_trace_without_gpu_is_one_error_line_on_stderr(capsys):
+    if _sm90_usable():
+        pytest.skip("an sm_90 GPU with DASH's kernels is present: trace runs")
+    rc, out, err = _main(_TRACE, capsys)
+    assert rc == 1 and out == ""
+    _assert_one_line(err)
+    assert err.startswith("python -m dash trace: error: needs an sm_90 GPU with DASH's kernels (")
+    assert "python -m dash simulate" in err  # what to do instead
+
+
+def test_trace_input_check_errors_are_one_line(capsys, monkeypatch):
+    """An error of DASH's input checks while the trace runs (here: the device check, on CPU
+    tensors standing in for the GPU's) is a usage error's one line, not a traceback."""
+    import functools
+
+    from dash import _bench, trace
+
+    monkeypatch.setattr(_bench, "_gpu_ok", lambda: (True, ""))
+    monkeypatch.setattr(trace, "_random_inputs", functools.partial(trace._random_inputs, device="cpu"))
+    rc, out, err = _main(_TRACE, capsys)
+    assert rc == 2 and out == ""
+    _assert_one_line(err)
+    assert err.startswith("python -m dash trace: error: q is on device cpu; DASH runs on CUDA devices")

@@ -225,14 +225,58 @@ def test_backward_accepted_arguments_reach_the_device_check(kw):
         _flash_attn_backward(*_backward_args(), **kw)
 
 
-def test_strided_last_dim_is_copied_as_fa3_does():
-    """FA3's entry points make a tensor with a strided last dim contiguous instead of
-    rejecting it (flash_attn_func rejects it); on CPU that gets as far as the device check."""
+@pytest.fixture
+def cpu_as_sm90(monkeypatch):
+    """CPU tensors validated as on an sm_90 device (only the device checks are patched), with
+    the ops the entry points launch replaced by recorders: yields the list of calls, each a
+    dict of the op's tensor arguments."""
+    from dash import _ext, validation
+
+    monkeypatch.setattr(validation, "check_cuda_devices", lambda q, k, v: None)
+    monkeypatch.setattr(validation, "cuda_device_info", lambda index: ((9, 0), 132))
+    monkeypatch.setattr(validation, "_check_built", lambda head_dim, dtype: None)
+    monkeypatch.setattr(_ext, "require_kernels", lambda: None)
+    calls = []
+
+    def run_forward(q, k, v, *options):
+        calls.append(dict(q=q, k=k, v=v))
+        return torch.zeros(q.shape, dtype=q.dtype), torch.zeros(q.shape[0], q.shape[2], q.shape[1])
+
+    def run_backward(dout, q, k, v, out, softmax_lse, *options):
+        calls.append(dict(dout=dout, q=q, k=k, v=v, out=out))
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+
+    monkeypatch.setattr(fai, "run_forward", run_forward)
+    monkeypatch.setattr(fai, "run_backward", run_backward)
+    validation._VALID_CALLS.clear()  # CPU keys must not outlive the patched device checks
+    yield calls
+    validation._VALID_CALLS.clear()
+
+
+def _strided_like(t):
+    """t's values in a tensor whose last dim has stride 2."""
+    wide = torch.zeros(*t.shape[:-1], 2 * t.shape[-1], dtype=t.dtype)
+    wide[..., ::2] = t
+    return wide[..., ::2]
+
+
+def test_strided_last_dim_is_copied_as_fa3_does(cpu_as_sm90):
+    """FA3's entry points copy a tensor whose last dim is strided (maybe_contiguous) instead of
+    rejecting it: the op gets a unit-stride copy with the same values; other tensors as given."""
     q, k, v = _qkv()
-    strided = torch.randn(2, 64, 4, 128, dtype=torch.bfloat16)[..., ::2]
-    assert strided.stride(-1) != 1
-    with pytest.raises(ValueError, match=r"^q is on device cpu"):
-        _flash_attn_forward(strided, k, v)
+    strided = _strided_like(q)
+    assert strided.stride(-1) == 2
+    _flash_attn_forward(strided, k, v)
+    (call,) = cpu_as_sm90
+    assert call["q"].stride(-1) == 1 and torch.equal(call["q"], q)
+    assert call["k"] is k and call["v"] is v
+
+    dout, q, k, v, out, lse = _backward_args()
+    _flash_attn_backward(_strided_like(dout), q, _strided_like(k), v, _strided_like(out), lse)
+    call = cpu_as_sm90[1]
+    for name, want in (("dout", dout), ("k", k), ("out", out)):
+        assert call[name].stride(-1) == 1 and torch.equal(call[name], want), name
+    assert call["q"] is q and call["v"] is v
 
 
 def test_output_buffer_must_match():

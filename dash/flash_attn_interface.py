@@ -211,8 +211,25 @@ def _flash_attn_backward(
     for buffer, grad in zip(buffers, grads):
         if buffer is not None:
             buffer.copy_(grad)
-    # D_i = sum_d dout[i, d] * out[i, d], as FA3's backward preprocessing computes it.
-    return (dout.float() * out.float()).sum(dim=-1).transpose(1, 2).contiguous()
+    return _softmax_d(dout, out)
+
+
+#: Elements of dout per slice of _softmax_d (two fp32 temporaries of 64 MiB each at most).
+_SOFTMAX_D_SLICE_ELEMENTS = 1 << 24
+
+
+def _softmax_d(dout: Tensor, out: Tensor) -> Tensor:
+    """D_i = sum_d dout[i, d] * out[i, d] in float32, (batch, heads, seqlen_q), as FA3's
+    backward preprocessing returns it. Computed over slices of the sequence, so that a long
+    context does not allocate two float32 copies of dout and out at once (at 128k tokens,
+    32 heads and head dim 128: 2 GiB each)."""
+    batch, seqlen, heads, head_dim = out.shape
+    d = torch.empty(batch, heads, seqlen, dtype=torch.float32, device=out.device)
+    rows = max(1, _SOFTMAX_D_SLICE_ELEMENTS // max(1, batch * heads * head_dim))
+    for s0 in range(0, seqlen, rows):
+        s1 = min(seqlen, s0 + rows)
+        d[:, :, s0:s1] = (dout[:, s0:s1].float() * out[:, s0:s1].float()).sum(dim=-1).transpose(1, 2)
+    return d
 
 
 def flash_attn_with_kvcache(*args, **kwargs):

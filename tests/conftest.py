@@ -10,6 +10,9 @@ GPU tests (marked ``gpu``) need an sm_90 GPU and DASH's compiled kernels:
 Slow tests (marked ``slow``: 1000-repeat determinism runs) run with ``-m slow`` or
 ``DASH_RUN_SLOW=1`` and are skipped otherwise.
 
+``cpu_as_sm90``: CPU tensors pass the entry points' checks as if on an sm_90 device, and the
+ops they would launch are recorders, so CPU tests can assert what reaches the kernels.
+
 ``pytest`` imports the *installed* dash (--import-mode=importlib, see pyproject.toml);
 ``python -m pytest`` from the repository root imports the checkout's dash/, which holds the
 same kernels after ``pip install --no-build-isolation .`` (setup.py places them there too).
@@ -82,3 +85,36 @@ def pytest_runtest_setup(item):
         state, why = sm90_state()
         if state == "fail":
             pytest.fail(why, pytrace=False)
+
+
+@pytest.fixture
+def cpu_as_sm90(monkeypatch):
+    """CPU tensors validated as on an sm_90 device (only the device checks are patched), with
+    the ops that dash.api's and dash.flash_attn_interface's entry points launch replaced by
+    recorders: yields the list of calls, each a dict of the op's arguments by name."""
+    from dash import _ext, api, validation
+    from dash import flash_attn_interface as fai
+    import torch
+
+    monkeypatch.setattr(validation, "check_cuda_devices", lambda q, k, v: None)
+    monkeypatch.setattr(validation, "cuda_device_info", lambda index: ((9, 0), 132))
+    monkeypatch.setattr(validation, "_check_built", lambda head_dim, dtype: None)
+    monkeypatch.setattr(_ext, "require_kernels", lambda: None)
+    calls = []
+
+    def run_forward(q, k, v, softmax_scale, causal, deterministic, schedule, sm_margin):
+        calls.append(dict(q=q, k=k, v=v, softmax_scale=softmax_scale, causal=causal, deterministic=deterministic,
+                          schedule=schedule, sm_margin=sm_margin))
+        return torch.zeros(q.shape, dtype=q.dtype), torch.zeros(q.shape[0], q.shape[2], q.shape[1])
+
+    def run_backward(dout, q, k, v, out, softmax_lse, softmax_scale, causal, deterministic, schedule, sm_margin):
+        calls.append(dict(dout=dout, q=q, k=k, v=v, out=out, softmax_lse=softmax_lse, softmax_scale=softmax_scale,
+                          causal=causal, deterministic=deterministic, schedule=schedule, sm_margin=sm_margin))
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+
+    for module in (api, fai):
+        monkeypatch.setattr(module, "run_forward", run_forward)
+        monkeypatch.setattr(module, "run_backward", run_backward)
+    validation._VALID_CALLS.clear()  # CPU keys must not outlive the patched device checks
+    yield calls
+    validation._VALID_CALLS.clear()

@@ -80,36 +80,6 @@ def _same_view(a, b) -> bool:
     return (a.data_ptr(), a.shape, a.stride(), a.dtype) == (b.data_ptr(), b.shape, b.stride(), b.dtype)
 
 
-@pytest.fixture
-def cpu_as_sm90(monkeypatch):
-    """CPU tensors validated as on an sm_90 device (only the device checks are patched, as in
-    test_repeated_valid_calls_skip_revalidation_but_not_the_pointer_check), with dash.api's
-    ops replaced by recorders: yields the list of calls (each a dict of the op's arguments)."""
-    from dash import validation
-
-    monkeypatch.setattr(validation, "check_cuda_devices", lambda q, k, v: None)
-    monkeypatch.setattr(validation, "cuda_device_info", lambda index: ((9, 0), 132))
-    monkeypatch.setattr(validation, "_check_built", lambda head_dim, dtype: None)
-    monkeypatch.setattr(_ext, "require_kernels", lambda: None)
-    calls = []
-
-    def run_forward(q, k, v, softmax_scale, causal, deterministic, schedule, sm_margin):
-        calls.append(dict(q=q, k=k, v=v, softmax_scale=softmax_scale, causal=causal, deterministic=deterministic,
-                          schedule=schedule, sm_margin=sm_margin))
-        return torch.zeros(q.shape, dtype=q.dtype), torch.zeros(q.shape[0], q.shape[2], q.shape[1])
-
-    def run_backward(dout, q, k, v, out, softmax_lse, softmax_scale, causal, deterministic, schedule, sm_margin):
-        calls.append(dict(dout=dout, q=q, k=k, v=v, out=out, softmax_lse=softmax_lse, softmax_scale=softmax_scale,
-                          causal=causal, deterministic=deterministic, schedule=schedule, sm_margin=sm_margin))
-        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-
-    monkeypatch.setattr(api, "run_forward", run_forward)
-    monkeypatch.setattr(api, "run_backward", run_backward)
-    validation._VALID_CALLS.clear()  # CPU keys must not outlive the patched device checks
-    yield calls
-    validation._VALID_CALLS.clear()
-
-
 # ---------------------------------------------------------------------------------------
 # Tensors: type, rank, dtype, emptiness, layout
 # ---------------------------------------------------------------------------------------

@@ -573,16 +573,6 @@ def test_config_module_writes_the_header(tmp_path):
 _TRACE = ["trace", "--seqlen", "128", "--hdim", "64", "--batch", "1", "--heads", "2"]
 
 
-def _sm90_usable() -> bool:
-    """What ``trace`` checks before it runs: an sm_90 GPU and loadable kernels."""
-    from dash._bench import _gpu_ok
-
-    try:
-        return _gpu_ok()[0]
-    except ImportError:
-        return False
-
-
 @pytest.mark.parametrize("extra, expected", [
     (["--schedule", "bogus"], "argument --schedule: 'bogus' is not a kernel schedule; choose auto, fa3"),
     (["--schedule", "portable"], ("argument --schedule: 'portable' is modelled (python -m dash simulate) but not "

@@ -225,34 +225,6 @@ def test_backward_accepted_arguments_reach_the_device_check(kw):
         _flash_attn_backward(*_backward_args(), **kw)
 
 
-@pytest.fixture
-def cpu_as_sm90(monkeypatch):
-    """CPU tensors validated as on an sm_90 device (only the device checks are patched), with
-    the ops the entry points launch replaced by recorders: yields the list of calls, each a
-    dict of the op's tensor arguments."""
-    from dash import _ext, validation
-
-    monkeypatch.setattr(validation, "check_cuda_devices", lambda q, k, v: None)
-    monkeypatch.setattr(validation, "cuda_device_info", lambda index: ((9, 0), 132))
-    monkeypatch.setattr(validation, "_check_built", lambda head_dim, dtype: None)
-    monkeypatch.setattr(_ext, "require_kernels", lambda: None)
-    calls = []
-
-    def run_forward(q, k, v, *options):
-        calls.append(dict(q=q, k=k, v=v))
-        return torch.zeros(q.shape, dtype=q.dtype), torch.zeros(q.shape[0], q.shape[2], q.shape[1])
-
-    def run_backward(dout, q, k, v, out, softmax_lse, *options):
-        calls.append(dict(dout=dout, q=q, k=k, v=v, out=out))
-        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-
-    monkeypatch.setattr(fai, "run_forward", run_forward)
-    monkeypatch.setattr(fai, "run_backward", run_backward)
-    validation._VALID_CALLS.clear()  # CPU keys must not outlive the patched device checks
-    yield calls
-    validation._VALID_CALLS.clear()
-
-
 def _strided_like(t):
     """t's values in a tensor whose last dim has stride 2."""
     wide = torch.zeros(*t.shape[:-1], 2 * t.shape[-1], dtype=t.dtype)
@@ -531,3 +503,18 @@ def test_forward_writes_out_buffer_and_is_differentiable():
     _flash_attn_backward(dout, q, k, v, out, lse, dq=dq, dk=dk, dv=dv, is_causal=True, deterministic=True)
     for name, a, b in zip(("dq", "dk", "dv"), (qs.grad, ks.grad, vs.grad), (dq, dk, dv)):
         assert torch.equal(a, b), name
+
+
+def test_softmax_d_in_slices_equals_the_whole(monkeypatch):
+    """_flash_attn_backward's softmax_d (FA3's D = rowsum(dout * out), float32, (B, H, Sq)) is
+    computed over sequence slices to bound its float32 temporaries; slicing changes nothing."""
+    gen = torch.Generator().manual_seed(7)
+    dout = torch.randn(2, 37, 3, 64, generator=gen).to(torch.bfloat16)
+    out = torch.randn(2, 37, 3, 64, generator=gen).to(torch.bfloat16)
+    whole = (dout.double() * out.double()).sum(-1).transpose(1, 2)
+    monkeypatch.setattr(fai, "_SOFTMAX_D_SLICE_ELEMENTS", 2 * 3 * 64 * 5)  # 5 rows per slice, a ragged last one
+    sliced = fai._softmax_d(dout, out)
+    assert sliced.shape == (2, 3, 37) and sliced.dtype == torch.float32 and sliced.is_contiguous()
+    assert torch.allclose(sliced.double(), whole, atol=1e-5, rtol=1e-5)
+    monkeypatch.setattr(fai, "_SOFTMAX_D_SLICE_ELEMENTS", 1 << 24)
+    assert torch.equal(fai._softmax_d(dout, out), sliced)

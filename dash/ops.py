@@ -37,8 +37,9 @@ from dash import _ext
 def resolve_schedule(schedule: str, q: Tensor, k: Tensor, causal: bool, deterministic: bool, sm_margin: int) -> str:
     """Map ``schedule`` to a kernel schedule: a name as given, or for ``auto``
     ``dash.schedules.auto.choose_kernel_schedule`` (cached per shape): deterministic, the
-    portable schedule the calibrated scheduling model ranks fastest for this shape and grid,
-    never one whose bits depend on the GPU's SM count; non-deterministic, a fixed measured rule
+    portable schedule the calibrated scheduling model ranks fastest for this shape, ranked for
+    the same 132-CTA grid on every GPU so that neither the choice nor its bits depend on the
+    SM count or ``sm_margin``; non-deterministic, a fixed measured rule
     (causal: ``descending`` from 2048 queries, else ``interleaved``; full: ``shift`` where it
     runs, else ``fa3``), whose bits are not reproducible anyway."""
     if schedule != "auto":

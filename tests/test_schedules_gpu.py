@@ -151,11 +151,26 @@ def test_portable_schedules_give_the_same_bits_for_any_cta_count(head_dim, causa
                                      sm_margin=margin)
             for name, a, b in zip(("dq", "dk", "dv"), base, got):
                 assert torch.equal(a, b), f"{schedule}: sm_margin={margin} ({sms - margin} CTAs) changed {name}"
-    # auto picks one of them for every grid, so auto's bits do not depend on the grid either.
+    _assert_auto_bits_do_not_depend_on_the_grid(q, k, v, dout, out, lse, causal)
+
+
+def _assert_auto_bits_do_not_depend_on_the_grid(q, k, v, dout, out, lse, causal):
+    sms = _sms()
     base = attention_backward(dout, q, k, v, out, lse, causal=causal, deterministic=True, schedule="auto")
-    got = attention_backward(dout, q, k, v, out, lse, causal=causal, deterministic=True, schedule="auto",
-                             sm_margin=sms - 78)
-    assert all(torch.equal(a, b) for a, b in zip(base, got))
+    for margin in sorted({1, sms - 114, sms - 78} - {0}):
+        got = attention_backward(dout, q, k, v, out, lse, causal=causal, deterministic=True, schedule="auto",
+                                 sm_margin=margin)
+        for name, a, b in zip(("dq", "dk", "dv"), base, got):
+            assert torch.equal(a, b), f"auto: sm_margin={margin} ({sms - margin} CTAs) changed {name}"
+
+
+def test_auto_bits_do_not_depend_on_the_grid_where_the_model_would_choose_differently():
+    """Each portable schedule's bits are grid-independent, but two schedules' bits differ, so
+    auto must choose by the shape alone (AUTO_REFERENCE_CTAS). On this shape the model ranks
+    descending first on 132 CTAs and fa3 first on 131, 114 and 78 (GQA 16/4, hdim 128, causal 2k)."""
+    q, k, v, dout = _inputs(2, 2048, 2048, 16, 4, 128, _seed())
+    out, lse = _forward(q, k, v, True)
+    _assert_auto_bits_do_not_depend_on_the_grid(q, k, v, dout, out, lse, True)
 
 
 def test_shift_is_correct_and_repeatable_on_every_grid_it_is_planned_for():

@@ -276,3 +276,28 @@ def test_deterministic_auto_candidates():
     assert choose_kernel_schedule(32, 16, 16, 512, 512, 128, True, 132) == "fa3"
     # Full masks: interleaved and descending are mirror images there and tie in the model.
     assert choose_kernel_schedule(8, 32, 32, 2048, 2048, 64, False, 132) == "interleaved"
+
+
+def test_deterministic_auto_choice_does_not_depend_on_the_grid():
+    """Deterministic auto's bits must be the same on every Hopper part and sm_margin: each
+    portable schedule is, but two schedules differ, so the choice itself must not depend on
+    the grid (it is ranked for AUTO_REFERENCE_CTAS). The sweep includes shapes where the model,
+    ranking for the real grid, would choose differently (checked below, so this test can fail)."""
+    import random
+
+    from dash.schedules.auto import AUTO_REFERENCE_CTAS, choose_kernel_schedule, rank_kernel_schedules
+
+    rng = random.Random(3)
+    shapes = [(2, 16, 4, 2048, 2048, 128, True), (32, 16, 16, 512, 512, 128, True)]
+    for _ in range(14):
+        heads_kv = rng.choice([1, 2, 4, 8])
+        shapes.append((rng.choice([1, 2, 4]), heads_kv * rng.choice([1, 2, 4]), heads_kv,
+                       rng.choice([256, 700, 1024, 2048]), rng.choice([256, 1024, 1500, 2048]),
+                       rng.choice([64, 128]), rng.choice([False, True])))
+    grids = (1, 78, 114, 131, AUTO_REFERENCE_CTAS)
+    would_differ = 0
+    for shape in shapes:
+        picks = {choose_kernel_schedule(*shape, ctas) for ctas in grids}
+        assert len(picks) == 1, (shape, picks)
+        would_differ += len({rank_kernel_schedules(*shape, ctas)[0][0] for ctas in grids[1:]}) > 1
+    assert would_differ >= 2

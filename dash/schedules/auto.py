@@ -12,7 +12,7 @@ from functools import lru_cache
 from typing import Iterable
 
 from dash.config import PORTABLE_KERNEL_SCHEDULES, shift_lanes
-from dash.schedules.orders import SCHEDULE_NAMES, make_plan
+from dash.schedules.orders import PORTABLE_REFERENCE_CTAS, SCHEDULE_NAMES, make_plan
 from dash.schedules.simulate import Costs, simulate
 from dash.schedules.tiling import Problem
 
@@ -148,12 +148,23 @@ def kernel_pipeline_depth(head_dim: int, causal: bool) -> int:
     return _kernel_table_value(head_dim, causal, "dq_stages")
 
 
+#: The grid deterministic ``auto`` ranks for, whatever grid the kernel is launched on: the
+#: choice must be a function of the shape alone. Each portable schedule's bits are the same
+#: on any grid, but two schedules' bits differ (other Q-tile and add orders), so a choice
+#: ranked for the real grid would change the bits with the GPU's SM count or ``sm_margin``
+#: (at hdim 128 causal 512, b32 h16, the model picks ``fa3`` on 132 CTAs and ``descending`` on
+#: 131). 132 is the H100/H200 SXM grid (``PORTABLE_REFERENCE_CTAS``).
+AUTO_REFERENCE_CTAS = PORTABLE_REFERENCE_CTAS
+
+
 @lru_cache(maxsize=1024)
 def choose_kernel_schedule(batch: int, heads: int, heads_kv: int, seqlen_q: int, seqlen_k: int, head_dim: int,
                            causal: bool, ctas: int, deterministic: bool = True) -> str:
     """``schedule="auto"``: the portable kernel schedule the calibrated model finds fastest.
 
-    Ranks ``kernel_candidates(causal)`` (ties: the earlier name) on at most
+    Deterministic: ranks ``kernel_candidates(causal)`` (ties: the earlier name) for a grid of
+    ``AUTO_REFERENCE_CTAS`` CTAs whatever ``ctas`` is, so that the choice, and with it the
+    bits, are the same on every Hopper part and with any ``sm_margin``; on at most
     ``AUTO_MAX_WAVES`` waves of the grid's columns, with the full problem's L2 sections, the
     kernel's dQ accumulation chains and pipeline depth (``kernel_dq_chains``). Cached
     per shape, so training loops pay it once per shape (up to about 1 s at 16k tokens).
@@ -186,6 +197,19 @@ def choose_kernel_schedule(batch: int, heads: int, heads_kv: int, seqlen_q: int,
             return "descending" if seqlen_q >= 2048 else "interleaved"
         lanes, q_tiles = shift_lanes(seqlen_q, seqlen_k, head_dim, ctas)
         return "shift" if lanes <= q_tiles else "fa3"
+    ranked = rank_kernel_schedules(batch, heads, heads_kv, seqlen_q, seqlen_k, head_dim, causal, AUTO_REFERENCE_CTAS)
+    return ranked[0][0] if ranked else "fa3"
+
+
+@lru_cache(maxsize=256)
+def rank_kernel_schedules(batch: int, heads: int, heads_kv: int, seqlen_q: int, seqlen_k: int, head_dim: int,
+                          causal: bool, ctas: int) -> tuple[tuple[str, float], ...]:
+    """What deterministic ``auto`` ranks: ``((name, makespan), ...)`` fastest first (ties: the
+    earlier name in ``PORTABLE_KERNEL_SCHEDULES``) over ``kernel_candidates(causal)``, each
+    simulated for a grid of ``ctas`` CTAs on at most ``AUTO_MAX_WAVES`` waves of the grid's
+    columns (whole KV groups, the full problem's L2 sections) with the kernel's calibrated
+    costs, dQ chains and pipeline depth. ``auto`` calls it with ``AUTO_REFERENCE_CTAS``; other
+    grids show what it would pick were it free to depend on the grid."""
     from dash.schedules.orders import l2_section_heads
     from dash.schedules.tiling import Problem
 
@@ -205,12 +229,10 @@ def choose_kernel_schedule(batch: int, heads: int, heads_kv: int, seqlen_q: int,
     depth = kernel_pipeline_depth(head_dim, causal)
     chains = kernel_dq_chains(head_dim, causal)
     order = {n: i for i, n in enumerate(PORTABLE_KERNEL_SCHEDULES)}
-    best = None
+    rows = []
     for name in kernel_candidates(causal):
         res = simulate(make_plan(part, name, ctas, section_heads=sw), costs, depth, chains=chains)
-        if not res.deadlock_free:  # cannot happen for these orders (tested); never pick one that would
-            continue
-        key = (round(float(res.makespan), 9), order[name])
-        if best is None or key < best[0]:
-            best = (key, name)
-    return best[1] if best else "fa3"
+        if res.deadlock_free:  # cannot fail for these orders (tested); never rank one that would deadlock
+            rows.append((name, round(float(res.makespan), 9)))
+    rows.sort(key=lambda r: (r[1], order[r[0]]))
+    return tuple(rows)

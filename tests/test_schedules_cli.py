@@ -200,3 +200,21 @@ def test_gantt_leaves_the_global_matplotlib_backend_alone(tmp_path):
     assert p.returncode == 0, p.stderr
     assert p.stdout.splitlines()[-1] == "0 svg False"
     assert (tmp_path / "g.png").stat().st_size > 10_000
+
+
+def test_kernel_flag_models_the_kernel_and_prints_autos_pick(capsys):
+    """--kernel: the kernel's calibrated costs, dQ chains and pipeline depth for the head dim and
+    mask, and the schedule deterministic auto picks (the same as choose_kernel_schedule)."""
+    from dash.schedules.auto import choose_kernel_schedule, kernel_costs, kernel_dq_chains, kernel_pipeline_depth
+
+    rc, out, err = _run(["--seqlen", "2048", "--hdim", "128", "--causal", "--kernel", "--schedule", "fa3,descending",
+                         "--json"], capsys)
+    assert rc == 0 and err == ""
+    data = json.loads(out)
+    assert data["costs"] == kernel_costs(128, True).as_dict()
+    assert data["dq_chains"] == kernel_dq_chains(128, True) and data["pipeline_depth"] == kernel_pipeline_depth(128, True)
+    assert data["auto"] == choose_kernel_schedule(8, 16, 16, 2048, 2048, 128, True, 132)
+    rc, out, _ = _run(["--seqlen", "512", "--hdim", "128", "--causal", "--kernel"], capsys)
+    assert rc == 0 and f"deterministic auto picks {choose_kernel_schedule(32, 16, 16, 512, 512, 128, True, 132)} " in out
+    rc, _, err = _run(["--seqlen", "512", "--hdim", "128", "--kernel", "--costs", os.devnull], capsys)
+    assert rc == 2 and "argument --kernel: uses the kernel's calibrated costs; leave out --costs" in err

@@ -106,12 +106,15 @@ def test_makespan_scales_with_the_costs():
     assert b == pytest.approx(2.5 * a)
 
 
-def test_paper_16k_hdim64_simulates_in_under_two_seconds():
-    """32 heads x 128 columns x 128 Q tiles = 524,288 steps on 132 CTAs."""
+def test_paper_16k_hdim64_simulates_in_seconds():
+    """32 heads x 128 columns x 128 Q tiles = 524,288 steps on 132 CTAs: about 1.5 s of this
+    process's CPU time on the CI machine. The bound is loose (and on CPU time, not wall time,
+    so a busy machine does not fail it); it is there to catch a change that makes the
+    simulation superlinear, which would take minutes here."""
     p = paper_problem(16384, 64)
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     plan = make_plan(p, "shift", 132)
     res = simulate(plan)
-    elapsed = time.perf_counter() - t0
+    elapsed = time.process_time() - t0
     assert plan.num_steps == 32 * 128 * 128 and res.deadlock_free
-    assert elapsed < 2.0, f"{elapsed:.2f} s"
+    assert elapsed < 6.0, f"{elapsed:.2f} s of CPU time"

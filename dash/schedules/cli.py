@@ -3,7 +3,9 @@
 Prints a table (schedule, makespan, makespan / lower bound, mean CTA idle %, worst per-tile
 turn wait, deadlock-free, portable) or, with ``--json``, only
 ``{"schedules": {name: {"makespan", "lower_bound", "idle_fraction", "max_wait",
-"deadlock_free", "portable"}}, "problem": ..., "ctas": ..., "costs": ...}`` on stdout.
+"deadlock_free", "portable"}}, "problem": ..., "ctas": ..., "costs": ..., "dq_chains": ...,
+"pipeline_depth": ...}`` (and ``"auto"``, the schedule deterministic auto picks, with
+``--kernel``) on stdout.
 ``--gantt out.png`` writes a Gantt chart of the simulated schedules.
 
 Sizes, costs and the ``--gantt`` path (and matplotlib) are checked while parsing; what needs the
@@ -69,7 +71,11 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--schedule", default="all",
                    help=f"one of {', '.join(SCHEDULE_NAMES)}, a comma-separated list, or 'all'")
     s.add_argument("--portable", action="store_true",
-                   help="plan shift / symmetric_shift / causal descending as their portable variants")
+                   help="plan shift / symmetric_shift as their portable (team-dispatched) variants")
+    s.add_argument("--kernel", action="store_true",
+                   help="model DASH's kernel as deterministic auto does: its calibrated costs, dQ chains and "
+                        "pipeline depth for --hdim and the mask (instead of --c/--r/--latency/--c-partial/--costs/"
+                        "--pipeline-depth/--dq-chains), and print the schedule auto picks for this shape")
     s.add_argument("--c", type=nonnegative_float, default=1.0, help="compute cost of one step on a full tile")
     s.add_argument("--r", type=nonnegative_float, default=0.3, help="cost of one serialized dQ reduce-add")
     s.add_argument("--latency", type=nonnegative_float, default=0.0, help="semaphore hand-off latency")
@@ -138,6 +144,8 @@ def _check_combinations(args: argparse.Namespace) -> None:
         raise ValueError(f"argument --ctas: {args.ctas} is not a positive integer")
     if args.pipeline_depth < 0:
         raise ValueError(f"argument --pipeline-depth: {args.pipeline_depth} is not a non-negative integer")
+    if getattr(args, "kernel", False) and args.costs:
+        raise ValueError("argument --kernel: uses the kernel's calibrated costs; leave out --costs")
 
 
 def _schedules(text: str) -> list[str]:
@@ -164,6 +172,22 @@ def _costs(args: argparse.Namespace) -> Costs:
                          f"dash.schedules.calibrate.save_costs ({why})") from None
 
 
+def _kernel_model(args: argparse.Namespace, problem: Problem) -> tuple[Costs, int, int, str | None]:
+    """``--kernel``: costs, pipeline depth and dQ chains of DASH's kernel for the shape's head dim
+    and mask, and what deterministic ``auto`` picks (None for varlen or a window: auto sees
+    neither)."""
+    from dash.schedules.auto import (choose_kernel_schedule, kernel_costs, kernel_dq_chains,
+                                     kernel_pipeline_depth)
+
+    causal = problem.mask == "causal"
+    pick = None
+    if not (args.varlen_q or args.varlen_k or args.window):
+        pick = choose_kernel_schedule(problem.batch, problem.heads_q, problem.heads_kv, problem.seqlen_q,
+                                      problem.seqlen_k, args.hdim, causal, args.ctas)
+    return (kernel_costs(args.hdim, causal), kernel_pipeline_depth(args.hdim, causal),
+            kernel_dq_chains(args.hdim, causal), pick)
+
+
 def run_simulate(args: argparse.Namespace) -> int:
     """Run the model; return 0 if every schedule is deadlock-free, 1 otherwise, 2 on bad input."""
     try:
@@ -173,6 +197,9 @@ def run_simulate(args: argparse.Namespace) -> int:
         costs = _costs(args)
     except (ValueError, NotImplementedError) as e:
         return usage_error("simulate", str(e))
+    auto_pick = None
+    if getattr(args, "kernel", False):
+        costs, args.pipeline_depth, args.dq_chains, auto_pick = _kernel_model(args, problem)
     results: dict[str, SimResult] = {}
     errors: dict[str, str] = {}
     for name in names:
@@ -196,6 +223,9 @@ def run_simulate(args: argparse.Namespace) -> int:
         out["ctas"] = args.ctas
         out["costs"] = costs.as_dict()
         out["dq_chains"] = args.dq_chains
+        out["pipeline_depth"] = args.pipeline_depth
+        if getattr(args, "kernel", False):
+            out["auto"] = auto_pick
         json.dump(out, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
@@ -215,6 +245,12 @@ def run_simulate(args: argparse.Namespace) -> int:
                       f"{r.max_wait:>11.1f} {'yes':>14} {port:>9}")
             else:
                 print(f"{name:<16} {'-':>10} {'-':>8} {'-':>7} {'-':>11} {'NO':>14} {port:>9}")
+        if auto_pick is not None:
+            from dash.schedules.auto import AUTO_MAX_WAVES, AUTO_REFERENCE_CTAS
+
+            print(f"deterministic auto picks {auto_pick} (it ranks fa3, interleaved and descending, under a causal "
+                  f"mask fa3 and descending, on at most {AUTO_MAX_WAVES} waves of a {AUTO_REFERENCE_CTAS}-CTA grid: "
+                  "its ranking can differ from the whole problem's above)")
     rc = 0 if all(r.deadlock_free for r in results.values()) else 1
     if args.gantt:
         rc = max(rc, _write_gantt(args, problem, costs, results))

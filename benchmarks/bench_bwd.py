@@ -11,7 +11,9 @@ path users call — flash_attn_func + torch.autograd.grad, deterministic (auto) 
 cuDNN and flash SDPA backward; upstream FA3 and FA4 (deterministic and not, through their own
 forward) when importable. Prints TFLOP/s and the ratio to torch cuDNN (measured in the same
 run), the paired ratios the targets are stated in, the model's ranking of the schedules
-against the measured one, and writes benchmarks/results/<date>-<gpu>-<tag>.json.
+against the measured one, and writes benchmarks/results/<date>-<gpu>-<tag>.json (-2, -3, ...
+added when a run of the same day has that name: a subset run never replaces the full grid).
+Without an sm_90 GPU and DASH's kernels it says so in one line and exits 1.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from dash import bench  # noqa: E402
+from dash._bench import refuse_without_gpu  # noqa: E402
+from dash.cli import OneLineErrorParser, head_dim, nonnegative_int, positive_int  # noqa: E402
 
 
 def plot(payload: dict, modes: list[str], path: Path) -> None:
@@ -53,22 +57,26 @@ def plot(payload: dict, modes: list[str], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--hdim", type=int, nargs="*", default=[64, 128])
+    # Sizes checked while parsing (one-line errors): --seqlen 0 used to divide by zero in Shape.paper.
+    p = OneLineErrorParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--hdim", type=head_dim, nargs="*", default=[64, 128])
     p.add_argument("--causal", action="store_true", help="only causal rows")
     p.add_argument("--full", action="store_true", help="only full-mask rows")
-    p.add_argument("--seqlen", type=int, nargs="*", default=list(bench.PAPER_SEQLENS))
+    p.add_argument("--seqlen", type=positive_int, nargs="*", default=list(bench.PAPER_SEQLENS))
     p.add_argument("--modes", nargs="*", default=None, help="subset of modes (default: all available)")
-    p.add_argument("--iters", type=int, default=12, help="timed rounds (default 12)")
-    p.add_argument("--burst", type=int, default=3,
+    p.add_argument("--iters", type=positive_int, default=12, help="timed rounds (default 12)")
+    p.add_argument("--burst", type=positive_int, default=3,
                    help="back-to-back calls per mode per round (default 3); 1 = one synced call per sample, "
                         "which adds the host's issue latency to every call")
-    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--warmup", type=nonnegative_int, default=5)
     p.add_argument("--out-dir", type=Path, default=ROOT / "benchmarks" / "results")
     p.add_argument("--gqa", action="store_true", help="the GQA/MQA rows (dash.bench.GQA_SHAPES), not the paper grid")
     p.add_argument("--tag", default=None, help="results file tag (default bwd, or bwd-gqa with --gqa)")
     p.add_argument("--plot", type=Path, default=None, help="write the table as a PNG chart")
     args = p.parse_args(argv)
+    status = refuse_without_gpu("bench_bwd.py")
+    if status:
+        return status
 
     masks = [True] if args.causal else [False] if args.full else [False, True]
     if args.gqa:

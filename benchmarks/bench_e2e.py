@@ -43,7 +43,6 @@ import datetime
 import json
 import math
 import os
-import re
 import statistics
 import sys
 import time
@@ -55,6 +54,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # the checkout's dash/, as benchmarks/bench_bwd.py uses
 
+from dash._bench import results_path as unique_results_path  # noqa: E402  (bench_bwd.py's file names too)
 from dash.digest import combined_digest, float32_bits, tensor_digest  # noqa: E402, F401  (float32_bits: for tests)
 
 DEFAULT_OUT = ROOT / "benchmarks" / "results"
@@ -410,14 +410,7 @@ def results_path(out: Path, device: str, date: str, tag: str = TAG) -> Path:
     ``out/<date>-<device>-<tag>.json``, with -2, -3, ... added rather than replacing a file."""
     if str(out).endswith(".json"):
         return out
-    safe = re.sub(r"[^A-Za-z0-9._-]+", "-", device).strip("-") or "unknown-device"
-    base = f"{date[:10]}-{safe}-{tag}"
-    path = out / f"{base}.json"
-    n = 2
-    while path.exists():
-        path = out / f"{base}-{n}.json"
-        n += 1
-    return path
+    return unique_results_path(out, device, date, tag)
 
 
 def write_results(payload: dict, path: Path) -> Path:

@@ -12,7 +12,8 @@ FLOPs are counted FA3's way (forward 4*b*h*s*s*d, backward 2.5x, halved under a 
 Also measured: host time per call on a tiny problem (the GPU idle most of the time), which is
 what small shapes and many-layer models pay per attention call.
 Prints a table with every library's TFLOP/s and ratios to torch cuDNN measured in the same
-run, and writes benchmarks/results/<date>-<gpu>-fwd.json.
+run, and writes benchmarks/results/<date>-<gpu>-fwd.json (-2, -3, ... rather than replacing an
+earlier run's file), with ``kind: fwd`` in its meta for ``python -m dash plot``.
 """
 
 from __future__ import annotations
@@ -171,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     libs = _libraries()
     modes = modes_for(libs)
     masks = [True] if args.causal else [False] if args.full else [False, True]
-    shapes = [] if args.host_only else [bench.Shape.paper(s, d, c) for d in args.hdim for c in masks for s in args.seqlen]
+    shapes = [] if args.host_only else [bench.Shape.paper(s, d, c) for d in args.hdim for c in masks
+                                        for s in args.seqlen]
     rows = []
     print("TFLOP/s (fwd: 4bhs^2d; fwd+bwd: 3.5x that; causal halves both)")
     print(f"{'row':28s} " + " ".join(f"{m:>20s}" for m in modes))
@@ -215,7 +217,9 @@ def main(argv: list[str] | None = None) -> int:
     for k, v in summary.items():
         if v and "ratio" in v:
             print(f"  {k}: {v['ratio']:.2f} (target <= 1.2)")
-    payload = {"meta": {"what": "forward and forward+backward through each library's user-facing function",
+    # kind "fwd": python -m dash plot reads it (files before it had none and drew as backward).
+    payload = {"meta": {"kind": "fwd",
+                        "what": "forward and forward+backward through each library's user-facing function",
                         "warmup": args.warmup, "iters": args.iters, "burst": args.burst,
                         "modes": {m: list(v) for m, v in modes.items()}},
                "environment": bench.environment(), "summary": summary, "host_us_per_call": host, "rows": rows}

@@ -5,7 +5,8 @@
     python benchmarks/readme_table.py --fwd benchmarks/results/2026-11-30-NVIDIA-H200-fwd-fa3-efddef7.json
 
 Cells are backward TFLOP/s (FA3's FLOP convention); the last columns are time ratios from the
-same run. Modes missing from the file are left out.
+same run. Modes missing from the file are left out; a mode missing from a row (it failed on
+that shape) shows "–" there and is left out of that column's geomean.
 """
 
 from __future__ import annotations
@@ -33,11 +34,28 @@ def geomean(xs: list[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
 
+def _ratio(t: dict, a: str, b_of: tuple[str, ...]) -> float | None:
+    """t[a] / the best of t[b_of] (TFLOP/s, so > 1 when ``a`` is faster), None when the row
+    lacks ``a`` or every mode of ``b_of`` (a mode that failed on that shape, an older file)."""
+    bs = [t[b] for b in b_of if b in t]
+    return t[a] / max(bs) if a in t and bs else None
+
+
+def _geomean_cell(vals: list[float | None], fmt: str) -> str:
+    """Geomean over the rows that have the ratio; "–" when none has it."""
+    vals = [v for v in vals if v is not None]
+    return format(geomean(vals), fmt) if vals else "–"
+
+
 def table(path: Path) -> str:
     d = json.loads(path.read_text())
     rows = d["rows"]
     cols = [(m, h) for m, h in COLUMNS if any(m in r["tflops"] for r in rows)]
-    det_anchor = [m for m in ("fa3_det", "fa4_det") if any(m in r["tflops"] for r in rows)]
+    det_anchor = tuple(m for m in ("fa3_det", "fa4_det") if any(m in r["tflops"] for r in rows))
+    # (numerator, denominators): a row missing a mode shows "–" and is left out of that geomean.
+    pairs = [("dash_auto_det", ("dash_nondet",)), ("dash_auto_det", ("dash_fa3_det",))]
+    if det_anchor:
+        pairs.append(("dash_auto_det", det_anchor))
     out = ["| hd | mask | seqlen | " + " | ".join(h for _, h in cols) +
            " | det(auto) / non-det | det(auto) / det(fa3 order) |" +
            (f" det(auto) / {' or '.join(m.split('_')[0].upper() for m in det_anchor)} det |" if det_anchor else ""),
@@ -45,21 +63,13 @@ def table(path: Path) -> str:
     for r in rows:
         s, t = r["shape"], r["tflops"]
         cells = [f"{t[m]:.0f}" if m in t else "–" for m, _ in cols]
-        ratios = [f"{t['dash_auto_det'] / t['dash_nondet']:.2f}", f"{t['dash_auto_det'] / t['dash_fa3_det']:.2f}"]
-        if det_anchor:
-            best = max(t[m] for m in det_anchor if m in t)
-            ratios.append(f"{t['dash_auto_det'] / best:.2f}")
+        ratios = [_ratio(t, a, b) for a, b in pairs]
+        cells += [f"{x:.2f}" if x is not None else "–" for x in ratios]
         out.append(f"| {s['head_dim']} | {'causal' if s['causal'] else 'full'} | {s['seqlen']} | " +
-                   " | ".join(cells + ratios) + " |")
-    means = []
-    for m, _ in cols:
-        vals = [r["tflops"][m] / r["tflops"]["torch_cudnn"] for r in rows if m in r["tflops"]]
-        means.append(f"{geomean(vals):.2f}×" if vals else "–")
-    g = lambda a, b: geomean([r["tflops"][a] / r["tflops"][b] for r in rows])  # noqa: E731
-    tail = [f"{geomean([r['tflops']['dash_auto_det'] / r['tflops']['dash_nondet'] for r in rows]):.3f}",
-            f"{g('dash_auto_det', 'dash_fa3_det'):.3f}"]
-    if det_anchor:
-        tail.append(f"{geomean([r['tflops']['dash_auto_det'] / max(r['tflops'][m] for m in det_anchor) for r in rows]):.3f}")
+                   " | ".join(cells) + " |")
+    means = [_geomean_cell([_ratio(r["tflops"], m, ("torch_cudnn",)) for r in rows], ".2f") for m, _ in cols]
+    means = [m if m == "–" else m + "×" for m in means]
+    tail = [_geomean_cell([_ratio(r["tflops"], a, b) for r in rows], ".3f") for a, b in pairs]
     out.append("| geomean | | vs cuDNN | " + " | ".join(means + tail) + " |")
     return "\n".join(out)
 
@@ -94,11 +104,12 @@ def fwd_table(path: Path) -> str:
         s, t = r["shape"], r["tflops"]
         cells = [f"{t[m]:.0f}" if m in t else "–" for m, _ in cols]
         cells += [f"{t[a] / t[b]:.2f}" if a in t and b in t else "–" for a, b, _ in ratios]
-        out.append(f"| {s['head_dim']} | {'causal' if s['causal'] else 'full'} | {s['seqlen']} | " + " | ".join(cells) + " |")
+        out.append(f"| {s['head_dim']} | {'causal' if s['causal'] else 'full'} | {s['seqlen']} | " +
+                   " | ".join(cells) + " |")
     means = []
     for a, b, _ in ratios:
         vals = [r["tflops"][a] / r["tflops"][b] for r in rows if a in r["tflops"] and b in r["tflops"]]
-        means.append(f"{geomean(vals):.3f} (worst {min(vals):.2f})")
+        means.append(f"{geomean(vals):.3f} (worst {min(vals):.2f})" if vals else "–")  # no row has both
     out.append("| geomean | | | " + " | ".join(["" for _ in cols] + means) + " |")
     return "\n".join(out)
 

@@ -441,10 +441,14 @@ def rows_from_results(payload: dict) -> list[Row]:
 
 
 def environment() -> dict:
+    """The machine, the versions and the code of a run. ``commit`` is the kernels' (what the build
+    recorded), ``checkout_head`` the checkout's HEAD; neither says whether the Python code was
+    edited since, so ``checkout_describe`` (``git describe --always --dirty``) and
+    ``code_sha256`` (dash/ and benchmarks/ Python files as run) do: ``dash._bench.code_identity``."""
+    from dash._bench import code_identity
     from dash._ext import manifest
 
     props = torch.cuda.get_device_properties(0)
-    # The kernels' source commit is what the build recorded; a checkout's HEAD may differ.
     commit = manifest().get("git_commit")
     try:
         head = subprocess.run(["git", "rev-parse", "--verify", "-q", "HEAD"], capture_output=True, text=True,
@@ -459,6 +463,7 @@ def environment() -> dict:
         "cudnn": torch.backends.cudnn.version(),
         "commit": commit,
         "checkout_head": head,
+        **code_identity(),
         "build": manifest(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "host": platform.node(),
@@ -466,8 +471,9 @@ def environment() -> dict:
 
 
 def results_payload(rows: list[Row], modes: list[str], meta: dict) -> dict:
+    # These rows are backward timings: say so, for readers (python -m dash plot) of other kinds' files.
     return {
-        "meta": meta,
+        "meta": {"kind": "bwd", **meta},
         "environment": environment(),
         "summary": summary(rows, modes),
         "rows": [
@@ -485,9 +491,20 @@ def results_payload(rows: list[Row], modes: list[str], meta: dict) -> dict:
 
 
 def write_results(payload: dict, directory: Path, tag: str) -> Path:
+    """Write ``payload`` to a new ``directory/<day>-<gpu>-<tag>[-N].json`` and return its path.
+    Never replaces a file: a second run the same day (a subset of the grid, say) gets -2, -3, ...
+    (``dash._bench.results_path``, shared with bench_e2e.py), and the file is created exclusively
+    so that two runs finishing together cannot pick the same name."""
+    from dash._bench import results_path
+
     directory.mkdir(parents=True, exist_ok=True)
-    gpu = payload["environment"]["device"].replace(" ", "-")
-    day = payload["environment"]["date"][:10]
-    path = directory / f"{day}-{gpu}-{tag}.json"
-    path.write_text(json.dumps(payload, indent=2) + "\n")
-    return path
+    text = json.dumps(payload, indent=2) + "\n"
+    env = payload["environment"]
+    while True:
+        path = results_path(directory, env["device"], env["date"], tag)
+        try:
+            with open(path, "x", encoding="utf-8") as f:
+                f.write(text)
+            return path
+        except FileExistsError:  # taken since results_path looked: take the next number
+            continue

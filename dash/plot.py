@@ -10,6 +10,12 @@ claims are such same-run ratios: absolute TFLOP/s move with clocks, drivers and 
 The reader takes what it knows and ignores the rest, so files with more modes (per-schedule
 DASH modes, FA3 / FA4 anchors), more columns, or a ``kind`` (``bwd``, ``fwd``, ``fwd+bwd``)
 plot as well. matplotlib is imported only to draw, on its Agg canvas (no display, no pyplot).
+
+A ``fwd`` file (``benchmarks/bench_fwd.py``) holds two passes with different FLOP counts: the
+forward alone (modes ``*_fwd``) and forward + backward (``*_fwdbwd``). Each pass gets its own
+panels, y label and ratio anchor (``torch_cudnn_fwd``, ``torch_cudnn_fwdbwd``). Files written
+before bench_fwd.py recorded its kind have none: a file whose modes are named ``*_fwd*`` is
+read as ``fwd``, any other as ``bwd``.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
@@ -38,6 +45,14 @@ _KIND_WORDS = {"bwd": "backward", "fwd": "forward", "fwd+bwd": "forward + backwa
 _NOT_RESULTS_KINDS = ("trace", "gantt", "simulate", "schedule", "schedules", "profile", "ncu")
 #: Shape fields that vary along a panel's x axis (batch follows seqlen on the 16k-token grid).
 _X_FIELDS = ("seqlen", "seqlen_q", "seqlen_k", "batch")
+#: Mode names of a forward file (bench_fwd.py: dash_fwd, dash_fwd_op, dash_det_fwdbwd, ...), and
+#: of its forward + backward pass.
+_FWD_MODE = re.compile(r"_fwd(_?bwd)?(_|$)")
+_FWDBWD_MODE = re.compile(r"_fwd_?bwd(_|$)")
+#: Anchors tried, in order, for the ratio chart of each pass (``part``) before DEFAULT_ANCHOR.
+_PART_ANCHORS = {"fwd": ("torch_cudnn_fwd",), "fwd+bwd": ("torch_cudnn_fwdbwd", "torch_cudnn_fwd_bwd")}
+#: Order of the passes in a figure: the forward's panels above the forward + backward's.
+_PART_ORDER = ("bwd", "fwd", "fwd+bwd")
 
 
 class ResultsError(ValueError):
@@ -67,15 +82,46 @@ class Results:
     rows: tuple[Row, ...]
 
     def panels(self) -> list[tuple[tuple[str, Any], ...]]:
-        """Panel keys: head dim first, then full before causal before windowed, then the rest."""
+        """Panel keys: pass (``part``) first, then head dim, full before causal before windowed, the rest."""
         order = {"full": 0, "causal": 1}
         keys = {r.panel for r in self.rows}
-        return sorted(keys, key=lambda k: (dict(k)["head_dim"], order.get(dict(k)["mask"], 2), repr(k)))
+        return sorted(keys, key=lambda k: (_part_rank(dict(k)["part"]), dict(k)["head_dim"],
+                                           order.get(dict(k)["mask"], 2), repr(k)))
+
+    def parts(self) -> list[str]:
+        """The passes this file's panels show, in drawing order (one for every kind but ``fwd``)."""
+        return list(dict.fromkeys(dict(k)["part"] for k in self.panels()))
+
+    def part_of(self, mode: str) -> str:
+        return mode_part(self.kind, mode)
 
 
 # ---------------------------------------------------------------------------------------
 # Reading
 # ---------------------------------------------------------------------------------------
+def _part_rank(part: str) -> int:
+    return _PART_ORDER.index(part) if part in _PART_ORDER else len(_PART_ORDER)
+
+
+def mode_part(kind: str, mode: str) -> str:
+    """The pass whose panels show ``mode``: a ``fwd`` file splits into ``fwd`` and ``fwd+bwd``
+    (TFLOP/s of different FLOP counts, not to be drawn on one axis); other kinds are one pass."""
+    if kind != "fwd":
+        return kind
+    return "fwd+bwd" if _FWDBWD_MODE.search(mode) else "fwd"
+
+
+def _infer_kind(rows: list) -> str:
+    """The kind of a file that does not say: ``fwd`` when its modes are named as bench_fwd.py
+    names them (its files before it wrote a kind), else ``bwd`` (bench_bwd.py's, python -m dash bench's)."""
+    for row in rows:
+        for key in ("tflops", "ms"):
+            values = row.get(key) if isinstance(row, dict) else None
+            if isinstance(values, dict) and any(_FWD_MODE.search(str(m)) for m in values):
+                return "fwd"
+    return "bwd"
+
+
 def _number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
@@ -132,7 +178,7 @@ def parse_results(payload: Any, source: str) -> Results:
         raise ResultsError(f"{source} is not a DASH benchmark results file: no 'rows' list "
                            "(the format python benchmarks/bench_bwd.py writes to benchmarks/results/)")
     meta = payload.get("meta") if isinstance(payload.get("meta"), dict) else {}
-    kind = str(payload.get("kind") or meta.get("kind") or "bwd")
+    kind = str(payload.get("kind") or meta.get("kind") or _infer_kind(rows))
     parsed, modes = [], {}
     for i, row in enumerate(rows):
         shape = row.get("shape") if isinstance(row, dict) else None
@@ -145,7 +191,12 @@ def parse_results(payload: Any, source: str) -> Results:
         panel = {k: _hashable(v) for k, v in shape.items() if k not in _X_FIELDS}
         panel["mask"] = _mask(shape)
         batch = shape.get("batch")
-        parsed.append(Row(tuple(sorted(panel.items())), int(seqlen), int(batch) if _number(batch) else None, tflops))
+        by_part: dict[str, dict[str, float]] = {}  # one Row per pass: each pass has its own panels
+        for m, v in tflops.items():
+            by_part.setdefault(mode_part(kind, m), {})[m] = v
+        for part, values in (by_part or {mode_part(kind, ""): {}}).items():
+            parsed.append(Row(tuple(sorted({**panel, "part": part}.items())), int(seqlen),
+                              int(batch) if _number(batch) else None, values))
     if not modes:
         raise ResultsError(f"{source} has no TFLOP/s or ms numbers in its rows: nothing to plot")
     env = payload.get("environment") if isinstance(payload.get("environment"), dict) else {}
@@ -189,15 +240,19 @@ def _seqlen_label(s: int) -> str:
 
 
 def _panel_titles(results: Results) -> dict[tuple, str]:
-    """"hdim 128, causal", plus any other shape field that differs between panels of that pair."""
+    """"hdim 128, causal", plus any other shape field that differs between panels of that pair,
+    after the pass ("forward: ...") when the file has more than one."""
     panels = results.panels()
+    several = len(results.parts()) > 1
     titles = {}
     for key in panels:
         d = dict(key)
-        twins = [dict(k) for k in panels if dict(k)["head_dim"] == d["head_dim"] and dict(k)["mask"] == d["mask"]]
-        extra = [f"{f} {d.get(f)}" for f in sorted(d) if f not in ("head_dim", "mask", "causal", "window")
+        twins = [dict(k) for k in panels if dict(k)["head_dim"] == d["head_dim"] and dict(k)["mask"] == d["mask"]
+                 and dict(k)["part"] == d["part"]]
+        extra = [f"{f} {d.get(f)}" for f in sorted(d) if f not in ("head_dim", "mask", "causal", "window", "part")
                  and len({repr(t.get(f)) for t in twins}) > 1]
-        titles[key] = ", ".join([f"hdim {d['head_dim']}", d["mask"], *extra])
+        title = ", ".join([f"hdim {d['head_dim']}", d["mask"], *extra])
+        titles[key] = f"{_KIND_WORDS.get(d['part'], d['part'])}: {title}" if several else title
     return titles
 
 
@@ -216,6 +271,32 @@ def _legend_label(results: Results, mode: str, anchor: str | None) -> str:
         return mode
     geo, worst, n = s
     return f"{mode}: {geo:.2f}x {anchor} (geomean of {n} rows, worst {worst:.2f}x)"
+
+
+def default_anchor(results: Results, part: str) -> str | None:
+    """The ratio chart's default anchor for the panels of ``part``: that pass's cuDNN mode."""
+    for m in (*_PART_ANCHORS.get(part, ()), DEFAULT_ANCHOR):
+        if m in results.modes and results.part_of(m) == part:
+            return m
+    return None
+
+
+def anchors_for(results: Results, anchor: str | None | dict) -> dict[str, str | None]:
+    """Each pass's ratio anchor. ``anchor``: a mode (the anchor of its own pass; the other passes
+    keep their defaults), None (no ratio chart), or a dict pass -> mode or None."""
+    if isinstance(anchor, dict):
+        return {p: anchor.get(p) for p in results.parts()}
+    if anchor is None:
+        return {p: None for p in results.parts()}
+    out = {p: default_anchor(results, p) for p in results.parts()}
+    out[results.part_of(anchor)] = anchor
+    return out
+
+
+def drawn_parts(results: Results, modes: Sequence[str]) -> list[str]:
+    """The passes with a mode to draw (``--modes`` of one pass leaves the other's panels out)."""
+    wanted = {results.part_of(m) for m in modes}
+    return [p for p in results.parts() if p in wanted]
 
 
 def _style(mode: str, color: str) -> dict:
@@ -245,60 +326,77 @@ def _plot_modes(ax, rows: list[Row], modes: Sequence[str], color: dict[str, str]
     return lines
 
 
-def draw(results: Results, modes: Sequence[str], anchor: str | None) -> "Figure":
-    """A figure of TFLOP/s panels and, with an anchor, each panel's ratio to it underneath."""
+def draw(results: Results, modes: Sequence[str], anchor: str | None | dict) -> "Figure":
+    """A figure of TFLOP/s panels and, with an anchor, each panel's ratio to it underneath.
+
+    One block of figure rows per pass (``anchors_for`` says how ``anchor`` is read): a figure
+    row shares its y axis, so it never mixes the forward's TFLOP/s with forward + backward's."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    panels = results.panels()
+    parts = drawn_parts(results, modes)
+    anchors = anchors_for(results, anchor)
     titles = _panel_titles(results)
-    ncols = min(len(panels), MAX_COLUMNS)
-    per_block = 2 if anchor else 1
-    nrows = per_block * math.ceil(len(panels) / ncols)
+    groups = [(p, [k for k in results.panels() if dict(k)["part"] == p]) for p in parts]
+    ncols = min(max(len(keys) for _, keys in groups), MAX_COLUMNS)
+    blocks, nrows = [], 0  # (part, panel keys, first figure row, figure rows per panel row)
+    for part, keys in groups:
+        per_block = 2 if anchors.get(part) else 1
+        for c in range(0, len(keys), ncols):
+            blocks.append((part, keys[c:c + ncols], nrows, per_block))
+            nrows += per_block
     # At least 9 inches wide: the two-line title and the legend need the room with a single panel.
     fig = Figure(figsize=(max(4.4 * ncols + 0.6, 9.0), 3.3 * nrows + 1.3), layout="constrained")
     FigureCanvasAgg(fig)  # Agg without pyplot: no display, and a notebook's backend is left alone
     axes = fig.subplots(nrows, ncols, squeeze=False, sharey="row")
-    color = {m: f"C{i % 10}" for i, m in enumerate(results.modes)}  # one colour per mode in every panel
-    labels = {m: _legend_label(results, m, anchor) for m in modes}
-    kind = _KIND_WORDS.get(results.kind, results.kind)
+    # One colour per mode in every panel, counted per pass: a fwd file's 14 modes would reuse
+    # matplotlib's 10 colours within a panel.
+    color = {}
+    for p in results.parts():
+        color.update((m, f"C{i % 10}") for i, m in enumerate(m for m in results.modes if results.part_of(m) == p))
+    labels = {m: _legend_label(results, m, anchors.get(results.part_of(m))) for m in modes}
 
     def tflops(r: Row, m: str) -> float:
         return r.tflops.get(m, math.nan)
 
-    def ratio(r: Row, m: str) -> float:
-        return r.tflops[m] / r.tflops[anchor] if m in r.tflops and anchor in r.tflops else math.nan
-
     handles = {}
-    for i, key in enumerate(panels):
-        row0, col = per_block * (i // ncols), i % ncols
-        rows = sorted((r for r in results.rows if r.panel == key), key=lambda r: r.seqlen)
-        ax_t = axes[row0, col]
-        for m, line in _plot_modes(ax_t, rows, modes, color, tflops, labels).items():
-            handles.setdefault(m, line)
-        ax_t.set_title(titles[key], fontsize=10)
-        panel_axes = [ax_t]
-        if anchor:
-            ax_r = axes[row0 + 1, col]
-            ax_r.axhline(1.0, color=color.get(anchor, "grey"), linestyle="--", linewidth=1.2)
-            _plot_modes(ax_r, rows, [m for m in modes if m != anchor], color, ratio)
-            panel_axes.append(ax_r)
-        if col == 0:  # the panels of a figure row share its y axis
-            ax_t.set_ylabel(f"{kind} TFLOP/s")
-            if anchor:
-                ax_r.set_ylabel(f"ratio to {anchor}\n(TFLOP/s, same run)")
-        for ax in panel_axes:
-            _seqlen_axis(ax, [r.seqlen for r in rows])
-        panel_axes[-1].set_xlabel(_x_label(results))
-    for i in range(len(panels), ncols * (nrows // per_block)):  # empty slots of the last block
-        for k in range(per_block):
-            axes[per_block * (i // ncols) + k, i % ncols].set_visible(False)
+    for part, keys, row0, per_block in blocks:
+        anchor_p = anchors.get(part)
+        part_modes = [m for m in modes if results.part_of(m) == part]
+
+        def ratio(r: Row, m: str, a=anchor_p) -> float:
+            return r.tflops[m] / r.tflops[a] if m in r.tflops and a in r.tflops else math.nan
+
+        for col, key in enumerate(keys):
+            rows = sorted((r for r in results.rows if r.panel == key), key=lambda r: r.seqlen)
+            ax_t = axes[row0, col]
+            for m, line in _plot_modes(ax_t, rows, part_modes, color, tflops, labels).items():
+                handles.setdefault(m, line)
+            ax_t.set_title(titles[key], fontsize=10)
+            panel_axes = [ax_t]
+            if anchor_p:
+                ax_r = axes[row0 + 1, col]
+                ax_r.axhline(1.0, color=color.get(anchor_p, "grey"), linestyle="--", linewidth=1.2)
+                _plot_modes(ax_r, rows, [m for m in part_modes if m != anchor_p], color, ratio)
+                panel_axes.append(ax_r)
+            if col == 0:  # the panels of a figure row share its y axis
+                ax_t.set_ylabel(f"{_KIND_WORDS.get(part, part)} TFLOP/s")
+                if anchor_p:
+                    ax_r.set_ylabel(f"ratio to {anchor_p}\n(TFLOP/s, same run)")
+            for ax in panel_axes:
+                _seqlen_axis(ax, [r.seqlen for r in rows])
+            panel_axes[-1].set_xlabel(_x_label(results))
+        for col in range(len(keys), ncols):  # empty slots of the block's last panel row
+            for k in range(per_block):
+                axes[row0 + k, col].set_visible(False)
     shown = [m for m in modes if m in handles]
     fig.legend([handles[m] for m in shown], [labels[m] for m in shown], loc="outside lower center",
                ncols=max(1, min(len(shown), 3)), fontsize=9, frameon=False)
     commit = results.commit[:10] if results.commit else "unknown"
     date = results.date[:10] if results.date else "date unknown"
-    same_run = f"; ratios to {anchor} in the same run" if anchor else ""
+    used = [a for p in parts if (a := anchors.get(p))]
+    same_run = f"; ratios to {' / '.join(used)} in the same run" if used else ""
+    kind = " and ".join(_KIND_WORDS.get(p, p) for p in parts)
     fig.suptitle(f"{results.device}: attention {kind}, commit {commit}, {date}\n"
                  f"{os.path.basename(results.path)}{same_run}; DASH solid, anchors dashed", fontsize=11)
     return fig
@@ -332,8 +430,9 @@ def default_out(results_path: str) -> str:
     return os.path.splitext(results_path)[0] + "-throughput.png"
 
 
-def _choose(results: Results, args: argparse.Namespace) -> tuple[list[str], str | None]:
-    """The modes to draw and the ratio anchor; ValueError naming the option if one is not in the file."""
+def _choose(results: Results, args: argparse.Namespace) -> tuple[list[str], dict[str, str | None]]:
+    """The modes to draw and each pass's ratio anchor (``anchors_for``); ValueError naming the
+    option if one is not in the file."""
     available = ", ".join(results.modes)
     for m in args.modes or []:
         if m not in results.modes:
@@ -341,8 +440,9 @@ def _choose(results: Results, args: argparse.Namespace) -> tuple[list[str], str 
     if args.ratio_to and args.ratio_to not in results.modes:
         raise ValueError(f"argument --ratio-to: {args.ratio_to!r} is not in {results.path}; available: {available}")
     modes = list(args.modes) if args.modes else list(results.modes)
-    anchor = args.ratio_to or (DEFAULT_ANCHOR if DEFAULT_ANCHOR in results.modes else None)
-    return modes, anchor
+    anchors = anchors_for(results, args.ratio_to) if args.ratio_to else \
+        {p: default_anchor(results, p) for p in results.parts()}
+    return modes, anchors
 
 
 def run(args: argparse.Namespace) -> int:
@@ -365,16 +465,22 @@ def run(args: argparse.Namespace) -> int:
         if why:
             return usage_error("plot", f"{why} (choose another path with --out)")
         jobs.append((results, modes, anchor, out))
-    for results, modes, anchor, out in jobs:
-        if anchor is None:
-            print(f"note: {results.path} has no {DEFAULT_ANCHOR} mode: no ratio chart (pick an anchor with --ratio-to)")
+    for results, modes, anchors, out in jobs:
+        parts = drawn_parts(results, modes)
+        for p in parts:
+            if anchors.get(p) is None:
+                wanted = (*_PART_ANCHORS.get(p, ()), DEFAULT_ANCHOR)[0]
+                which = f" for the {_KIND_WORDS.get(p, p)} panels" if len(parts) > 1 else ""
+                print(f"note: {results.path} has no {wanted} mode: no ratio chart{which} "
+                      "(pick an anchor with --ratio-to)")
         try:
-            draw(results, modes, anchor).savefig(out, dpi=DPI)
+            draw(results, modes, anchors).savefig(out, dpi=DPI)
         except OSError as e:
             print(f"python -m dash plot: could not write {out}: {e.strerror or e}", file=sys.stderr)
             return 1
-        ratio = f", ratios to {anchor}" if anchor else ""
-        n = len(results.panels())
+        used = [a for p in parts if (a := anchors.get(p))]
+        ratio = f", ratios to {', '.join(used)}" if used else ""
+        n = sum(1 for k in results.panels() if dict(k)["part"] in parts)
         print(f"wrote {out} ({n} panel{'s' if n != 1 else ''}, {len(modes)} mode{'s' if len(modes) != 1 else ''}"
               f"{ratio})")
     return 0

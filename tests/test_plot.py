@@ -308,3 +308,68 @@ def test_plot_without_matplotlib_subprocess(tmp_path):
                        timeout=120)
     assert p.returncode == 2 and p.stdout == ""
     _assert_one_line_error(p.stderr, "needs matplotlib, which is not installed")
+
+
+# ---------------------------------------------------------------------------------------
+# Forward files (benchmarks/bench_fwd.py): forward and forward + backward drawn apart
+# ---------------------------------------------------------------------------------------
+#: A committed bench_fwd.py file written before it recorded a kind.
+COMMITTED_FWD = COMMITTED.parent / "2026-11-30-NVIDIA-H200-fwd-fa3-fa4-a0464c6.json"
+
+
+def test_fwd_kind_is_inferred_from_the_modes():
+    payload = json.loads(COMMITTED_FWD.read_text())
+    assert "kind" not in payload and "kind" not in payload["meta"]
+    res = plot.parse_results(payload, "fwd.json")
+    assert res.kind == "fwd" and res.parts() == ["fwd", "fwd+bwd"]
+    assert res.part_of("dash_fwd_op") == res.part_of("torch_cudnn_fwd") == "fwd"
+    assert res.part_of("dash_det_fwdbwd") == res.part_of("torch_cudnn_fwdbwd") == "fwd+bwd"
+    assert len(res.panels()) == 8
+    for row in res.rows:  # no row mixes the two passes' TFLOP/s
+        assert len({res.part_of(m) for m in row.tflops}) == 1
+    assert plot.anchors_for(res, "fa3_fwd") == {"fwd": "fa3_fwd", "fwd+bwd": "torch_cudnn_fwdbwd"}
+    payload["meta"]["kind"] = "fwd"  # what bench_fwd.py writes now
+    assert plot.parse_results(payload, "fwd.json").parts() == ["fwd", "fwd+bwd"]
+    assert plot.load_results(str(COMMITTED)).parts() == ["bwd"]  # backward files are one pass
+
+
+@needs_matplotlib
+def test_plot_fwd_results(tmp_path, capsys):
+    out = tmp_path / "fwd.png"
+    rc, stdout, err = _main(["plot", str(COMMITTED_FWD), "--out", str(out)], capsys)
+    assert rc == 0 and err == ""
+    assert stdout == f"wrote {out} (8 panels, 14 modes, ratios to torch_cudnn_fwd, torch_cudnn_fwdbwd)\n"
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    res = plot.load_results(str(COMMITTED_FWD))
+    fig = plot.draw(res, list(res.modes), {p: plot.default_anchor(res, p) for p in res.parts()})
+    title = fig._suptitle.get_text()
+    assert title.startswith("NVIDIA H200: attention forward and forward + backward, commit a0464c6")
+    assert "ratios to torch_cudnn_fwd / torch_cudnn_fwdbwd" in title
+    axes = [ax for ax in fig.axes if ax.get_visible()]
+    assert len(axes) == 16  # 4 panels x (TFLOP/s, ratio) x 2 passes
+    ylabels = [ax.get_ylabel() for ax in axes if ax.get_ylabel()]
+    assert ylabels == ["forward TFLOP/s", "ratio to torch_cudnn_fwd\n(TFLOP/s, same run)",
+                       "forward + backward TFLOP/s", "ratio to torch_cudnn_fwdbwd\n(TFLOP/s, same run)"]
+    tput = [ax for ax in axes if ax.get_title()]
+    assert [ax.get_title() for ax in tput] == [f"{p}: hdim {d}, {m}" for p in ("forward", "forward + backward")
+                                               for d in (64, 128) for m in ("full", "causal")]
+    for ax in tput:
+        names = {line.get_label().split(":")[0].split(" ")[0] for line in ax.get_lines()}
+        fwdbwd = {n for n in names if n.endswith("_fwdbwd")}
+        assert fwdbwd == (names if ax.get_title().startswith("forward + backward") else set()), ax.get_title()
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert any(lb.startswith("dash_fwd: ") and "x torch_cudnn_fwd (" in lb for lb in labels)
+    assert any(lb.startswith("dash_det_fwdbwd: ") and "x torch_cudnn_fwdbwd (" in lb for lb in labels)
+
+
+@needs_matplotlib
+def test_plot_fwd_modes_of_one_pass(tmp_path, capsys):
+    out = tmp_path / "fwd.png"
+    rc, stdout, err = _main(["plot", str(COMMITTED_FWD), "--out", str(out), "--modes", "dash_fwd,torch_cudnn_fwd"],
+                            capsys)
+    assert rc == 0 and err == ""
+    assert stdout == f"wrote {out} (4 panels, 2 modes, ratios to torch_cudnn_fwd)\n"
+    res = plot.load_results(str(COMMITTED_FWD))
+    fig = plot.draw(res, ["dash_fwd", "torch_cudnn_fwd"], "torch_cudnn_fwd")
+    assert "attention forward, commit" in fig._suptitle.get_text()
+    assert len([ax for ax in fig.axes if ax.get_visible()]) == 8

@@ -10,9 +10,12 @@ seqlen_k, causal, GQA (the in-kernel ordered dK/dV reduction), both head dims, b
 reduction modes and every kernel schedule (shift: full masks; its grid-planned waves).
 """
 
+import sys
+
 import torch
 
 from dash import reference
+from dash._bench import refuse_without_gpu
 from dash.api import attention_backward
 
 SHAPES = [  # (batch, seqlen_q, seqlen_k, heads, heads_k)
@@ -21,7 +24,10 @@ SHAPES = [  # (batch, seqlen_q, seqlen_k, heads, heads_k)
 ]
 
 
-def main() -> None:
+def main() -> int:
+    status = refuse_without_gpu("sanitize_bwd.py")
+    if status:
+        return status
     torch.manual_seed(0)
     for head_dim in (64, 128):
         for b, sq, sk, h, hk in SHAPES:
@@ -44,7 +50,8 @@ def main() -> None:
                     ok = all(torch.isfinite(t).all().item() for t in (dq, dk, dv))
                     print(f"hdim {head_dim} b{b} sq{sq} sk{sk} h{h}/{hk} causal={causal} det={det} {schedule}: "
                           f"{'finite' if ok else 'NON-FINITE'}", flush=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -7,6 +7,7 @@ import time
 import torch
 
 from dash import reference
+from dash._bench import refuse_without_gpu
 from dash.api import attention_backward
 
 
@@ -38,6 +39,9 @@ def case(b, sq, sk, h, d, causal, det, dtype=torch.bfloat16, schedule="auto", hk
 
 
 if __name__ == "__main__":
+    status = refuse_without_gpu("smoke_bwd.py")
+    if status:
+        sys.exit(status)
     all_ok = True
     for d in (64, 128):
         for causal in (False, True):

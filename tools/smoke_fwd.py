@@ -10,8 +10,8 @@ import sys
 
 import torch
 
-import dash._C  # noqa: F401  (registers torch.ops.dash)
 from dash import reference
+from dash._bench import refuse_without_gpu
 
 
 def run_fwd(q, k, v, causal):
@@ -82,6 +82,11 @@ if __name__ == "__main__":
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--hdim", type=int, nargs="*", default=[64, 128])
     args = ap.parse_args()
+    status = refuse_without_gpu("smoke_fwd.py")
+    if status:
+        sys.exit(status)
+    # After the check: loading the kernels without a GPU or a build is a traceback, not a message.
+    import dash._C  # noqa: F401  (registers torch.ops.dash)
     all_ok = True
     if not args.no_check:
         for d in args.hdim:

@@ -136,14 +136,29 @@ Problem check_problem(char const* op, Tensor const& q, Tensor const& k, Tensor c
 // Test hook: DASH_POISON_OUTPUTS=1 fills the outputs with NaN (all-ones bytes) on the stream
 // before the launch, so a test can prove the kernels wrote every element. Read per call: the
 // tests switch it between calls.
-void poison_outputs_if_requested(std::initializer_list<Tensor*> outputs) {
+bool poison_requested() {
   char const* poison = std::getenv("DASH_POISON_OUTPUTS");
-  if (poison == nullptr || poison[0] != '1') { return; }
+  return poison != nullptr && poison[0] == '1';
+}
+
+void poison_outputs_if_requested(std::initializer_list<Tensor*> outputs) {
+  if (!poison_requested()) { return; }
   for (Tensor* t : outputs) {
     if (t->defined()) {
       C10_CUDA_CHECK(cudaMemsetAsync(t->data_ptr(), 0xFF, t->nbytes(), at::cuda::getCurrentCUDAStream()));
     }
   }
+}
+
+// The same hook for the backward's fp32 dQ accumulators: every chain's first contribution
+// stores, later ones add, the preprocess zeroes what the non-deterministic mode adds into,
+// and the convert reads only chains that received a store. NaN there makes the test catch a
+// chain read before any store (or a missing zeroing), which fresh, usually-zero workspace
+// memory from the caching allocator would hide.
+void poison_dq_accum_if_requested(dash::BwdParams const& p) {
+  if (!poison_requested()) { return; }
+  size_t const bytes = dash::bwd_workspace_sizes(p).dq_accum_floats * sizeof(float);
+  C10_CUDA_CHECK(cudaMemsetAsync(p.dq_accum, 0xFF, bytes, at::cuda::getCurrentCUDAStream()));
 }
 
 // `op` names the caller: dash.fwd carries the schedule for the backward it saves, so a bad
@@ -289,6 +304,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> run_backward(Tensor const& dout_in, T
   }
 
   poison_outputs_if_requested({&dq, &dk, &dv});  // dk, dv are undefined here under GQA
+  poison_dq_accum_if_requested(p);
   call_library([&] { dash::run_bwd(p, at::cuda::getCurrentCUDAStream()); });
   if (gqa) {
     // empty_like keeps k's and v's layout (a permuted k gets a permuted dk), as without GQA

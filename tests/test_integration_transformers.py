@@ -1,28 +1,34 @@
 """DASH as a Hugging Face transformers attention implementation (dash.integrations.transformers).
 
-CPU tests (everywhere transformers is installed): registration, model construction, the
-argument translation -- checked by replacing ``dash.api.flash_attn_func`` with a
-differentiable reference that has FA3's semantics (bottom-right causal, GQA) and comparing a
-tiny Llama's forward/backward with ``attn_implementation="sdpa"`` -- and every error path.
+CPU tests (everywhere transformers is installed; skipped, with the reason, where it is not):
+registration, model construction, the argument translation -- checked by replacing
+``dash.api.flash_attn_func`` with a differentiable reference that has FA3's semantics
+(bottom-right causal, GQA) and comparing a tiny Llama's forward/backward with
+``attn_implementation="sdpa"`` -- and every error path.
 
-GPU tests (``gpu`` marker, skipped without an sm_90 GPU): a tiny Llama built in code trains for
-a few AdamW steps with DASH in a subprocess (so that CUBLAS_WORKSPACE_CONFIG is set before
-cuBLAS starts and ``torch.use_deterministic_algorithms`` does not leak into other tests); two
-runs are bit-identical, a second process gives the same bits, and the losses and first-step
-gradients are close to an SDPA run. This file is also the subprocess' script (``__main__``).
+GPU tests (``gpu`` marker, skipped without an sm_90 GPU; on a machine that runs GPU tests a
+missing transformers fails them, as tests/conftest.py's policy wants): a tiny Llama built in
+code trains for a few AdamW steps with DASH in a subprocess (so that CUBLAS_WORKSPACE_CONFIG is
+set before cuBLAS starts and ``torch.use_deterministic_algorithms`` does not leak into other
+tests); two runs are bit-identical, a second process gives the same bits, and the losses and
+first-step gradients (all parameters together, and each attention projection on its own) are
+close to an SDPA run. This file is also the subprocess' script (``__main__``).
 """
 
 from __future__ import annotations
 
 import copy
 import hashlib
+import inspect
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import time
 import types
+from collections.abc import Callable
 
 import pytest
 
@@ -30,24 +36,65 @@ torch = pytest.importorskip("torch")
 try:
     import transformers
 except ImportError:
-    pytest.skip("transformers is not installed (pip install 'transformers>=4.51')", allow_module_level=True)
-if getattr(transformers, "AttentionInterface", None) is None:
-    pytest.skip(f"transformers {transformers.__version__} is older than 4.51 (no AttentionInterface)",
-                allow_module_level=True)
+    transformers = None
+
+#: Why the tests that need transformers cannot run here (None when they can). Not a
+#: module-level skip: that would also skip the GPU tests on a machine with an sm_90 GPU, which
+#: must fail instead (tests/conftest.py); CPU tests skip (see _skip_cpu_tests_without_transformers).
+TRANSFORMERS_MISSING = (
+    "transformers is not installed (pip install 'transformers>=4.51')" if transformers is None
+    else f"transformers {transformers.__version__} is older than 4.51 (no AttentionInterface)"
+    if getattr(transformers, "AttentionInterface", None) is None else None
+)
 
 import torch.nn.functional as F  # noqa: E402
-from transformers import AutoModelForCausalLM, LlamaConfig  # noqa: E402
 
 import dash  # noqa: E402
-import dash.integrations.transformers as dt  # noqa: E402
 from dash import api as dash_api  # noqa: E402
 from dash import reference  # noqa: E402
 from dash.config import KERNEL_SCHEDULES  # noqa: E402
 from dash.validation import SCHEDULE_NAMES, validate_inputs  # noqa: E402
 
+if TRANSFORMERS_MISSING is None:
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    import dash.integrations.transformers as dt
+
+    MASK_INTERFACE = dt._interfaces()[1]
+else:
+    AutoModelForCausalLM = LlamaConfig = dt = MASK_INTERFACE = None
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(dash.__file__)))
-MASK_INTERFACE = dt._interfaces()[1]
-needs_mask_interface = pytest.mark.skipif(MASK_INTERFACE is None, reason="transformers < 4.53 has no mask interface")
+
+
+def skip_unless(has_feature: Callable[[], bool], reason: str) -> pytest.MarkDecorator:
+    """skipif for a feature of the installed transformers; ``has_feature`` is called only when
+    transformers is there (otherwise the reason is TRANSFORMERS_MISSING)."""
+    if TRANSFORMERS_MISSING is not None:
+        return pytest.mark.skip(reason=TRANSFORMERS_MISSING)
+    return pytest.mark.skipif(not has_feature(), reason=reason)
+
+
+needs_mask_interface = skip_unless(lambda: MASK_INTERFACE is not None, "transformers < 4.53 has no mask interface")
+
+
+def missing_transformers_outcome(missing: str | None, gpu_test: bool) -> None:
+    """Without transformers: a CPU test skips, with the reason; a GPU test fails, with the
+    reason. A GPU test only gets here on a machine that runs GPU tests (tests/conftest.py skips
+    them everywhere else), where passing by skipping would prove nothing."""
+    if missing is None:
+        return
+    if gpu_test:
+        pytest.fail(f"the GPU tests of the transformers integration cannot run on this sm_90 machine: {missing}",
+                    pytrace=False)
+    pytest.skip(missing)
+
+
+@pytest.fixture(autouse=True)
+def _skip_cpu_tests_without_transformers(request):
+    # GPU tests are decided by gpu_runs (module-scoped, so set up before this fixture).
+    if "gpu" not in request.keywords:
+        missing_transformers_outcome(TRANSFORMERS_MISSING, gpu_test=False)
 
 
 # ---------------------------------------------------------------------------------------
@@ -99,7 +146,8 @@ def fake_dash(monkeypatch):
 @pytest.fixture(autouse=True)
 def _restore_default_registration():
     yield
-    dt.register()  # tests that re-register "dash" with other settings must not leak them
+    if dt is not None:
+        dt.register()  # tests that re-register "dash" with other settings must not leak them
 
 
 # ---------------------------------------------------------------------------------------
@@ -226,6 +274,31 @@ def test_importing_dash_does_not_import_transformers():
     assert p.returncode == 0, p.stderr
 
 
+def test_without_transformers_cpu_tests_skip_and_gpu_tests_fail(tmp_path):
+    """tests/conftest.py's policy: on a machine that runs GPU tests (simulated here), a missing
+    transformers fails this file's GPU tests with the reason; its CPU tests skip. (The file
+    used to skip as a whole, GPU tests included.)"""
+    (tmp_path / "hide_transformers.py").write_text(
+        "import sys\n"
+        "sys.modules['transformers'] = None  # import transformers -> ImportError\n"
+        "def pytest_sessionstart(session):\n"
+        "    for p in session.config.pluginmanager.get_plugins():  # tests/conftest.py: an sm_90 machine\n"
+        "        if hasattr(p, 'sm90_state') and hasattr(p, '_GPU_STATE'):\n"
+        "            p._GPU_STATE = ('run', None)\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, str(tmp_path)]))
+    here = os.path.abspath(__file__)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rsE", "-p", "hide_transformers", "-p", "no:cacheprovider", here,
+           "-k", "gpu_training or harness_on_cpu"]
+    p = subprocess.run(cmd, cwd=os.path.dirname(os.path.dirname(here)), env=env, capture_output=True, text=True,
+                       timeout=300)
+    out = p.stdout + p.stderr
+    assert p.returncode == 1, out
+    assert re.search(r"\b1 skipped, .*\b8 errors\b", out), out
+    assert "SKIPPED [1] " in out and "transformers is not installed" in out
+    assert out.count("the GPU tests of the transformers integration cannot run on this sm_90 machine: transformers "
+                     "is not installed") >= 8, out
+
+
 # ---------------------------------------------------------------------------------------
 # Construction and switching
 # ---------------------------------------------------------------------------------------
@@ -235,8 +308,8 @@ def test_from_config_builds_with_dash(heads, kv_heads):
     assert model.config._attn_implementation == "dash"
 
 
-@pytest.mark.skipif(not hasattr(transformers.PreTrainedModel, "set_attn_implementation"),
-                    reason="this transformers has no PreTrainedModel.set_attn_implementation")
+@skip_unless(lambda: hasattr(transformers.PreTrainedModel, "set_attn_implementation"),
+             "this transformers has no PreTrainedModel.set_attn_implementation")
 def test_set_attn_implementation_switches_a_model_to_dash(fake_dash):
     fake_dash.validate = False
     config = tiny_llama_config(heads=8, kv_heads=2)
@@ -332,9 +405,116 @@ def test_generate_matches_sdpa(fake_dash):
     assert any(c["q_shape"][1] == 1 and c["k_shape"][1] > 1 for c in fake_dash.calls)
 
 
-@pytest.mark.skipif("is_causal" not in getattr(getattr(transformers.utils.generic, "TransformersKwargs", None),
-                                                "__annotations__", {}),
-                    reason="this transformers has no is_causal forward kwarg")
+def test_inference_mode_matches_sdpa(fake_dash):
+    """Under torch.inference_mode() every tensor the model makes (position_ids, masks) is an
+    inference tensor, which has no version counter: reading it raised in every forward."""
+    fake_dash.validate = False
+    config = tiny_llama_config(heads=8, kv_heads=2)
+    dash_model, sdpa_model = model_pair(config)
+    dash_model.eval()
+    sdpa_model.eval()
+    ids = token_batch(config, seqlen=16)
+    causal_4d = torch.ones(16, 16, dtype=torch.bool).tril().expand(2, 1, 16, 16)
+    for kwargs in ({}, {"position_ids": torch.arange(16).expand(2, 16)}, {"attention_mask": torch.ones_like(ids)},
+                   {"attention_mask": causal_4d}):
+        with torch.inference_mode():
+            kwargs = {k: v.clone() for k, v in kwargs.items()}  # made inside, as a pipeline makes them
+            assert all(v.is_inference() for v in kwargs.values())
+            a = dash_model(ids, use_cache=False, **kwargs).logits
+            b = sdpa_model(ids, use_cache=False, **kwargs).logits
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=f"inference_mode, {list(kwargs)}")
+    prompt = token_batch(config, batch=1, seqlen=7)
+    gen = dict(max_new_tokens=4, do_sample=False, pad_token_id=0)
+    with torch.inference_mode():
+        assert torch.equal(dash_model.generate(prompt, **gen), sdpa_model.generate(prompt, **gen))
+
+
+def test_inference_tensors_are_checked_on_every_call():
+    """Inference tensors can be modified in place inside inference mode without any version
+    to show it, so their verdicts are never cached: a changed tensor is judged again."""
+    with torch.inference_mode():
+        mask_2d = torch.ones(2, 8, dtype=torch.long)
+        mask_4d = _causal_4d(8, 8)
+        position_ids = torch.arange(8)[None].clone()
+        assert dt._mask_decides_causal("dash", mask_2d, True, 8, 8) is True
+        assert dt._mask_decides_causal("dash", mask_4d, True, 8, 8) is True
+        dt._check_position_ids("dash", position_ids, 8)
+        mask_2d[1, 0] = 0
+        mask_4d[0, 0, 3, 1] = False
+        position_ids[0, 4] = 0
+        with pytest.raises(NotImplementedError, match="padding mask"):
+            dt._mask_decides_causal("dash", mask_2d, True, 8, 8)
+        with pytest.raises(NotImplementedError, match="custom attention mask"):
+            dt._mask_decides_causal("dash", mask_4d, True, 8, 8)
+        with pytest.raises(NotImplementedError, match="packed sequences"):
+            dt._check_position_ids("dash", position_ids, 8)
+
+
+def test_verdict_cache_is_consistent_across_threads():
+    """nn.DataParallel runs replicas in threads that share the verdict cache: a reader must
+    never get another thread's verdict for its tensor (the cache used to store the tensor, key
+    and verdict in three assignments, and a thread switch between them mixed two entries)."""
+    import threading
+
+    cache = dt._LastVerdict()
+    wrong: list[tuple[str, str]] = []
+    deadline = time.time() + 1.0
+
+    def worker(t, verdict):
+        while time.time() < deadline and not wrong:
+            cache.put(t, "key", verdict)  # same key and tensor version: only the entry tells them apart
+            got = cache.get(t, "key")
+            if got is not None and got != verdict:
+                wrong.append((verdict, got))
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible
+    try:
+        threads = [threading.Thread(target=worker, args=(torch.zeros(1), v)) for v in ("A", "B")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert not wrong, f"a thread got another thread's verdict: {wrong[:3]}"
+
+
+@needs_mask_interface
+def test_mask_function_rejects_a_mask_shorter_than_the_keys():
+    """transformers pads a 2D mask shorter than the keys with zeros, i.e. the keys it does not
+    cover are padding (a StaticCache's unfilled slots). A causal mask meets the static-cache
+    check; a bidirectional one used to pass, and DASH attended to the unfilled slots."""
+    from transformers import masking_utils as mu
+
+    if not hasattr(mu, "bidirectional_mask_function"):
+        pytest.skip(f"transformers {transformers.__version__} has no bidirectional_mask_function")
+    bidirectional, causal = mu.bidirectional_mask_function, mu.causal_mask_function
+    ones = torch.ones(1, 6, dtype=torch.bool)
+    with pytest.raises(NotImplementedError, match=r"does not support a padding mask: attention_mask \(shape \(1, 6\)\) "
+                                                  r"covers 6 key positions but the keys span positions 0\.\.9"):
+        _mask_fn(batch_size=1, q_length=6, kv_length=10, attention_mask=ones, mask_function=bidirectional)
+    with pytest.raises(NotImplementedError, match=r"KV cache longer than the tokens it holds"):
+        _mask_fn(batch_size=1, q_length=6, kv_length=10, attention_mask=ones, mask_function=causal)
+    # A decode step whose mask misses its own key: padding, whatever the mask kind.
+    for fn in (bidirectional, causal):
+        with pytest.raises(NotImplementedError, match="covers 6 key positions but the keys span positions 0..6"):
+            _mask_fn(batch_size=1, q_length=1, kv_length=7, q_offset=6, attention_mask=ones, mask_function=fn)
+    # Masks covering the keys, or longer (only the keys' columns are read), are fine.
+    for mask in (torch.ones(1, 10), torch.ones(1, 12, dtype=torch.long)):
+        assert _mask_fn(batch_size=1, q_length=6, kv_length=10, attention_mask=mask,
+                        mask_function=bidirectional) is None
+    assert _mask_fn(batch_size=1, q_length=1, kv_length=7, q_offset=6, attention_mask=torch.ones(1, 7),
+                    mask_function=causal) is None
+
+
+needs_is_causal_kwarg = skip_unless(
+    lambda: "is_causal" in getattr(getattr(transformers.utils.generic, "TransformersKwargs", None), "__annotations__",
+                                   {}),
+    "this transformers has no is_causal forward kwarg")
+
+
+@needs_is_causal_kwarg
 def test_is_causal_false_runs_bidirectional(fake_dash):
     fake_dash.validate = False
     config = tiny_llama_config(heads=8, kv_heads=2)
@@ -344,6 +524,29 @@ def test_is_causal_false_runs_bidirectional(fake_dash):
     b = sdpa_model(ids, use_cache=False, is_causal=False).logits
     assert fake_dash.calls and all(c["causal"] is False for c in fake_dash.calls)
     torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+@needs_is_causal_kwarg
+def test_bidirectional_forward_with_a_static_cache_raises(fake_dash):
+    """A StaticCache longer than its tokens with is_causal=False: SDPA masks the unfilled slots
+    (transformers counts the keys the 2D mask does not cover as padding); DASH used to attend to
+    them and returned other logits without a word."""
+    from transformers import StaticCache
+
+    fake_dash.validate = False
+    config = tiny_llama_config(heads=8, kv_heads=2)
+    dash_model, sdpa_model = model_pair(config)
+    ids = token_batch(config, batch=1, seqlen=7)
+    kwargs = dict(attention_mask=torch.ones_like(ids), use_cache=True, is_causal=False)
+    # transformers 5.x renamed past_key_values to cache (the old name warns)
+    cache_kw = "cache" if "cache" in inspect.signature(type(dash_model).forward).parameters else "past_key_values"
+    with torch.no_grad():
+        sdpa_model(ids, **{cache_kw: StaticCache(config=sdpa_model.config, max_cache_len=16)}, **kwargs)
+        message = (r"does not support a padding mask: attention_mask \(shape \(1, 7\)\) covers 7 key positions but "
+                   r"the keys span positions 0\.\.15")
+        with pytest.raises(NotImplementedError, match=message):
+            dash_model(ids, **{cache_kw: StaticCache(config=dash_model.config, max_cache_len=16)}, **kwargs)
+    assert not fake_dash.calls
 
 
 def _breaks_in_integration(explanation):
@@ -367,6 +570,36 @@ def test_torch_compile_traces_the_attention_function(fake_dash):
             assert not _breaks_in_integration(explanation), _breaks_in_integration(explanation)
         torch._dynamo.reset()
         torch.testing.assert_close(torch.compile(run, backend="eager")(ids), run(ids))
+    finally:
+        torch._dynamo.reset()
+
+
+@needs_mask_interface
+def test_torch_compile_fullgraph_per_decoder_layer(monkeypatch):
+    """fullgraph=True cannot trace a whole model: the mask function, which reads transformers'
+    mask closures, is torch.compiler.disable'd. Each decoder layer compiles with fullgraph=True
+    (what docs/transformers.md recommends), forward and backward."""
+    def stand_in(q, k, v, softmax_scale=None, causal=False, **kwargs):  # records nothing: no guards on state
+        return reference_attention(q, k, v, softmax_scale, causal)
+
+    monkeypatch.setattr(dash_api, "flash_attn_func", stand_in)
+    config = tiny_llama_config(heads=8, kv_heads=2)
+    model = build(config, "dash")
+    ids = token_batch(config)
+    expected = model(ids, use_cache=False).logits.detach()
+    torch._dynamo.reset()
+    try:
+        whole = torch.compile(lambda x: model(x, use_cache=False).logits, backend="eager", fullgraph=True)
+        with pytest.raises(Exception, match="disable"):
+            whole(ids)
+        torch._dynamo.reset()
+        for layer in model.model.layers:
+            layer.compile(backend="eager", fullgraph=True)
+        for position_ids in (None, torch.arange(24).expand(2, 24)):
+            logits = model(ids, position_ids=position_ids, use_cache=False).logits
+            torch.testing.assert_close(logits, expected)
+        logits.sum().backward()
+        assert all(p.grad is not None for p in model.model.layers[0].self_attn.parameters())
     finally:
         torch._dynamo.reset()
 
@@ -538,7 +771,7 @@ def test_sliding_window_raises_only_when_it_cuts(fake_dash):
     assert len(fake_dash.calls) == 1
 
 
-@pytest.mark.skipif(not hasattr(transformers, "MistralConfig"), reason="no MistralConfig")
+@skip_unless(lambda: hasattr(transformers, "MistralConfig"), "no MistralConfig")
 def test_sliding_window_model(fake_dash):
     fake_dash.validate = False
     config = transformers.MistralConfig(vocab_size=101, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
@@ -740,13 +973,29 @@ GPU_VOCAB = 1000
 #: Over 5 steps that moves a loss of ~6.9 by well under 1e-2 relative.
 LOSS_RTOL = 1e-2
 #: Relative L2 difference of the first step's full gradient (all parameters) against SDPA's:
-#: a few bf16 roundings; a wrong mask, scale or head mapping gives O(1).
+#: a few bf16 roundings; a wrong mask, scale or head mapping gives O(1). Too coarse to see a
+#: wrong attention backward: the attention projections hold a small share of the gradient's
+#: norm, so dq = 0 or dk = 0 moves it by only ~0.01 (hence ATTN_GRAD_RTOL).
 GRAD_RTOL = 3e-2
+#: The attention projections whose first-step gradients are compared one by one: DASH's dq
+#: feeds a layer's q_proj gradient directly, dk its k_proj, dv its v_proj (o_proj checks the
+#: forward output).
+ATTN_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
+#: Relative L2 difference of each attention projection's first-step gradient against SDPA's.
+#: Measured on the CPU at GPU_CONFIGS' shapes, one step against SDPA: the reference stand-in,
+#: and a flash-like one that rounds P and dS to bf16 before their GEMMs (as FA kernels do),
+#: give at most 0.009 on any projection. Planted backward bugs give: dq = 0 or dk = 0 1.0
+#: (while the whole gradient moves by only 0.007-0.015, within GRAD_RTOL), dq / 2 0.5,
+#: dv x 1.1 0.2, dq = 0 in the last 64 query rows only 0.075-0.24 (seqlen 1024-333).
+ATTN_GRAD_RTOL = 5e-2
+_ATTN_PARAM = re.compile(r"layers\.(\d+)\.self_attn\.(" + "|".join(ATTN_PROJECTIONS) + r")\.weight$")
 
 
-def _train(spec: dict, impl: str, device: str, keep_grads: bool = False) -> dict:
-    """One seeded training run: GPU_STEPS AdamW steps. Returns losses, a digest of the final
-    parameters, the parameters themselves and (optionally) the first step's gradients."""
+def _train(spec: dict, impl: str, device: str, keep_grads: bool = False, steps: int | None = None) -> dict:
+    """One seeded training run: ``steps`` (default GPU_STEPS) AdamW steps. Returns losses, a
+    digest of the final parameters, the parameters themselves and (optionally) the first
+    step's gradients by parameter name."""
+    steps = GPU_STEPS if steps is None else steps
     config = tiny_llama_config(heads=spec["heads"], kv_heads=spec["kv_heads"], head_dim=spec["head_dim"],
                                layers=GPU_LAYERS, hidden=GPU_HIDDEN, vocab=GPU_VOCAB)
     config.max_position_embeddings = 2048
@@ -759,14 +1008,14 @@ def _train(spec: dict, impl: str, device: str, keep_grads: bool = False) -> dict
     gen = torch.Generator().manual_seed(99)
     zipf = 1.0 / torch.arange(1, GPU_VOCAB + 1, dtype=torch.float64)
     batches = [torch.multinomial(zipf, spec["batch"] * spec["seqlen"], replacement=True, generator=gen)
-               .view(spec["batch"], spec["seqlen"]).to(device) for _ in range(GPU_STEPS)]
+               .view(spec["batch"], spec["seqlen"]).to(device) for _ in range(steps)]
     losses, first_grads = [], None
     for step, ids in enumerate(batches):
         with torch.autocast(device, dtype=torch.bfloat16, enabled=spec["autocast"]):
             loss = model(input_ids=ids, labels=ids, use_cache=False).loss
         loss.backward()
         if step == 0 and keep_grads:
-            first_grads = torch.cat([p.grad.detach().float().flatten() for p in model.parameters()])
+            first_grads = {n: p.grad.detach().float().clone() for n, p in model.named_parameters()}
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         losses.append(loss.item())
@@ -808,7 +1057,7 @@ def _train_all(configs: dict, device: str, with_sdpa: bool) -> dict:
                 sdpa = _train(spec, "sdpa", device, keep_grads=True)
                 entry["sdpa_losses"] = sdpa["losses"]
                 entry["sdpa_dash_calls"] = calls["n"]
-                entry["grad_rel_l2"] = ((first["grads"] - sdpa["grads"]).norm() / sdpa["grads"].norm()).item()
+                entry.update(grad_differences(first["grads"], sdpa["grads"]))
             entry["seconds"] = time.time() - t0
             results[label] = entry
     finally:
@@ -816,6 +1065,34 @@ def _train_all(configs: dict, device: str, with_sdpa: bool) -> dict:
         torch.use_deterministic_algorithms(False)
         dt.register()
     return results
+
+
+def grad_differences(dash_grads: dict, sdpa_grads: dict) -> dict:
+    """First-step gradients against SDPA's: ``grad_rel_l2``, the relative L2 difference of all
+    parameters' gradients together, and ``attn_grad_rel_l2``, that of each attention
+    projection's gradient (by parameter name)."""
+    names = list(sdpa_grads)
+    assert list(dash_grads) == names, "the two runs have different parameters"
+
+    def flat(grads):
+        return torch.cat([grads[n].flatten() for n in names])
+
+    total = ((flat(dash_grads) - flat(sdpa_grads)).norm() / flat(sdpa_grads).norm()).item()
+    # A zero reference norm gives inf or nan, which fails the check: SDPA's attention
+    # projections always get a gradient, so that would be a broken harness.
+    per = {n: ((dash_grads[n] - sdpa_grads[n]).norm() / sdpa_grads[n].norm()).item()
+           for n in names if _ATTN_PARAM.search(n)}
+    return dict(grad_rel_l2=total, attn_grad_rel_l2=per)
+
+
+def check_attention_grads(per: dict) -> None:
+    """Each attention projection of each layer within ATTN_GRAD_RTOL of SDPA's gradient."""
+    found = sorted((int(m[1]), m[2]) for m in map(_ATTN_PARAM.search, per))
+    expected = sorted((layer, proj) for layer in range(GPU_LAYERS) for proj in ATTN_PROJECTIONS)
+    assert found == expected, f"attention projections compared: {found}; expected {expected}"
+    bad = {n: round(r, 4) for n, r in per.items() if not r <= ATTN_GRAD_RTOL}  # "not <=": nan fails too
+    assert not bad, (f"first-step gradients of attention projections differ from SDPA's by more than "
+                     f"{ATTN_GRAD_RTOL} (rel L2): {bad}")
 
 
 def check_bitwise_reproducible(a: dict, b: dict) -> None:
@@ -836,6 +1113,7 @@ def check_close_to_sdpa(a: dict) -> None:
     for step, (x, y) in enumerate(zip(dash_losses, sdpa_losses)):
         assert abs(x - y) <= LOSS_RTOL * abs(y), f"step {step}: DASH loss {x} vs SDPA {y}"
     assert a["grad_rel_l2"] <= GRAD_RTOL, f"first-step gradient differs from SDPA's by {a['grad_rel_l2']:.3g} (rel L2)"
+    check_attention_grads(a["attn_grad_rel_l2"])
     assert dash_losses[-1] < dash_losses[0], f"the loss did not go down: {dash_losses}"
 
 
@@ -853,6 +1131,52 @@ def test_training_harness_on_cpu(fake_dash):
     for label in small:
         check_bitwise_reproducible(a[label], b[label])
         check_close_to_sdpa(a[label])
+
+
+class _PlantedBackward(torch.autograd.Function):
+    """The reference stand-in's forward, with a backward that has one planted bug (None: none)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, softmax_scale, causal, bug):
+        ctx.save_for_backward(q, k, v)
+        ctx.softmax_scale, ctx.causal, ctx.bug = softmax_scale, causal, bug
+        return reference_attention(q, k, v, softmax_scale, causal)
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v = (t.detach().requires_grad_() for t in ctx.saved_tensors)
+        with torch.enable_grad():
+            out = reference_attention(q, k, v, ctx.softmax_scale, ctx.causal)
+            dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
+        bug = ctx.bug
+        dq = torch.zeros_like(dq) if bug == "dq=0" else dq * 0.5 if bug == "dq/2" else dq
+        dk = torch.zeros_like(dk) if bug == "dk=0" else dk
+        dv = dv * 1.1 if bug == "dv*1.1" else dv
+        return dq, dk, dv, None, None, None
+
+
+@pytest.mark.parametrize("bug,projection", [(None, None), ("dq=0", "q_proj"), ("dk=0", "k_proj"), ("dq/2", "q_proj"),
+                                            ("dv*1.1", "v_proj")])
+def test_training_harness_catches_a_wrong_backward(bug, projection, monkeypatch):
+    """The GPU tests' gradient checks, on CPU with backwards that have planted bugs: the
+    whole-gradient check (GRAD_RTOL) misses dq = 0 and dk = 0; the per-projection check
+    (ATTN_GRAD_RTOL) catches each bug, and a correct bf16 backward passes it with a margin."""
+    def stand_in(q, k, v, softmax_scale=None, causal=False, **kwargs):
+        return _PlantedBackward.apply(q, k, v, softmax_scale, causal, bug)
+
+    monkeypatch.setattr(dash_api, "flash_attn_func", stand_in)
+    spec = dict(GPU_CONFIGS["gqa-8x2-hd64-bf16"], seqlen=128)
+    sdpa = _train(spec, "sdpa", "cpu", keep_grads=True, steps=1)["grads"]
+    diffs = grad_differences(_train(spec, "dash", "cpu", keep_grads=True, steps=1)["grads"], sdpa)
+    per = diffs["attn_grad_rel_l2"]
+    if bug is None:
+        check_attention_grads(per)
+        assert max(per.values()) < ATTN_GRAD_RTOL / 4, per  # bf16 noise, well under the bound
+        return
+    if bug != "dv*1.1":
+        assert diffs["grad_rel_l2"] <= GRAD_RTOL  # what the whole-gradient check alone let through
+    with pytest.raises(AssertionError, match=rf"layers\.\d\.self_attn\.{projection}\.weight"):
+        check_attention_grads(per)
 
 
 def _gpu_main(out_path: str, with_sdpa: bool) -> None:
@@ -877,6 +1201,7 @@ def _run_gpu_subprocess(tmp_path_factory, with_sdpa: bool) -> dict:
 @pytest.fixture(scope="module")
 def gpu_runs(tmp_path_factory):
     """Process A: per config two DASH runs and one SDPA run; process B: the DASH runs again."""
+    missing_transformers_outcome(TRANSFORMERS_MISSING, gpu_test=True)
     return _run_gpu_subprocess(tmp_path_factory, True), _run_gpu_subprocess(tmp_path_factory, False)
 
 

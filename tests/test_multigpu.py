@@ -269,14 +269,43 @@ def test_sdpa_contrast_pairs_never_fail_the_driver(tmp_path, monkeypatch):
     assert [p["identical"] for p in pairs] == [True, False]
 
 
+def test_failed_sdpa_contrast_run_is_reported_but_never_fails_the_driver(tmp_path, monkeypatch, capsys):
+    dash = _result(wall_s=1.0)
+    monkeypatch.setattr(md, "execute", _fake_execute({"ddp-dash-run1": dash, "ddp-dash-run2": dash,
+                                                      "ddp-sdpa-default-run1": "exit status 1; log x ends:\n  boom"}))
+    monkeypatch.setattr(md, "gpu_problem", lambda n: None)
+    assert md.main(["--out", str(tmp_path), "--modes", "ddp", "--sdpa", "default"]) == 0
+    captured = capsys.readouterr()
+    assert "[for contrast] RUN FAILED: ddp-sdpa-default-run1: exit status 1" in captured.out
+    assert "note: 1 contrast configuration(s) could not be run (they never fail this driver)" in captured.out
+    assert "OK: every dash run pair is bit-identical" in captured.out and "FAILED" not in captured.err
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == 0 and "boom" in summary["pairs"][1]["error"]
+
+
 # ---------------------------------------------------------------------------------------
 # The real plumbing on CPUs: torchrun, 2 processes, gloo, DDP and FSDP2 (transformers' SDPA)
 # ---------------------------------------------------------------------------------------
-def _needs_transformers():
+def _needs_transformers(gpu_test: bool = False) -> None:
+    """Without transformers a CPU test skips, with the reason; the GPU test fails, with the
+    reason: it only gets here on a machine with 2 sm_90 GPUs, where passing by skipping would
+    prove nothing (tests/conftest.py's GPU test policy)."""
     try:
         import transformers  # noqa: F401
     except ImportError:
-        pytest.skip("transformers is not installed (the multi-GPU tools build a transformers Llama)")
+        why = "transformers is not installed (the multi-GPU tools build a transformers Llama)"
+        if gpu_test:
+            pytest.fail(f"the multi-GPU determinism test cannot run on this machine with 2 sm_90 GPUs: {why}",
+                        pytrace=False)
+        pytest.skip(why)
+
+
+def test_missing_transformers_skips_cpu_tests_but_fails_the_gpu_test(monkeypatch):
+    monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers -> ImportError
+    with pytest.raises(pytest.skip.Exception, match="transformers is not installed"):
+        _needs_transformers()
+    with pytest.raises(pytest.fail.Exception, match="cannot run on this machine with 2 sm_90 GPUs: transformers is"):
+        _needs_transformers(gpu_test=True)
 
 
 def test_plumbing_on_cpu_with_gloo(tmp_path):
@@ -372,7 +401,7 @@ def test_timeout_ends_the_whole_run(tmp_path):
 @pytest.mark.gpu
 @pytest.mark.skipif(_two_hopper_gpus() is not None, reason=f"multi-GPU test skipped: {_two_hopper_gpus()}")
 def test_multigpu_training_with_dash_is_bitwise_reproducible(tmp_path):
-    _needs_transformers()
+    _needs_transformers(gpu_test=True)
     p = subprocess.run([sys.executable, str(DRIVER), "--out", str(tmp_path), "--nproc", "2"], capture_output=True,
                        text=True, timeout=900, cwd=ROOT)
     print(p.stdout)

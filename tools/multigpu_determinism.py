@@ -16,8 +16,9 @@ Runs (each a fresh torchrun, same seed):
     leaves cuDNN out). Reported as it comes out, identical or not; never fails the run.
 Each run's output goes to OUT/<run>.log and its results to OUT/<run>/rank0.json; everything,
 with the comparisons, to OUT/summary.json (one file to bring back from a GPU machine).
-Exit status: 0 when every DASH pair is identical, 1 when one differs or a check fails, 2 when
-a run could not be made (bad arguments, a run crashed or timed out).
+Exit status: 0 when every DASH (--attn) pair is identical, 1 when one differs or a check
+fails, 2 when a DASH run could not be made (bad arguments, a run crashed or timed out). An
+SDPA contrast run that could not be made is reported, and changes nothing.
 """
 
 from __future__ import annotations
@@ -265,7 +266,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             evaluate(pair, (results[pair.runs[0].name], results[pair.runs[1].name]))
     lines = summary_lines(pairs, results)
     print("\n".join(lines))
-    failed_runs = [p for p in pairs if p.error]
+    # Only the required pairs decide the exit status: a contrast (SDPA) pair that could not be
+    # run is reported in the summary and in a note below, as its differences are.
+    failed_runs = [p for p in pairs if p.required and p.error]
+    failed_contrast = [p for p in pairs if not p.required and p.error]
     bad = [p for p in pairs if p.required and p.error is None and (p.differences or p.problems)]
     status = 2 if failed_runs else 1 if bad else 0
     summary = {
@@ -281,13 +285,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(summary, indent=1) + "\n")
     print(f"\nwrote {path}")
+    if failed_contrast:
+        print(f"note: {len(failed_contrast)} contrast configuration(s) could not be run (they never fail this "
+              f"driver): {', '.join(p.label for p in failed_contrast)}")
     if status == 0:
         print(f"OK: every {args.attn} run pair is bit-identical")
     elif status == 1:
         print(f"FAILED: {len(bad)} {args.attn} configuration(s) not bit-identical or with a failed check",
               file=sys.stderr)
     else:
-        print(f"FAILED: {len(failed_runs)} configuration(s) could not be run", file=sys.stderr)
+        print(f"FAILED: {len(failed_runs)} {args.attn} configuration(s) could not be run", file=sys.stderr)
     return status
 
 

@@ -33,13 +33,18 @@ implementation. Under ``torch.autocast`` float32 query/key/value are cast to the
 dtype, as transformers' SDPA and flash-attention paths do.
 
 Cost of the checks: with no mask (the usual training case) there is no device sync except
-one small check of ``position_ids`` per forward (cached across layers). A 2D mask costs one
+one small check of ``position_ids`` per forward (cached across layers; per layer under
+``torch.inference_mode()``, whose tensors have no version counter). A 2D mask costs one
 ``all()`` over (batch, seqlen) per forward; a 4D mask (passed by the user, or built by
 transformers < 4.53 for custom implementations) one pass over it per forward in row chunks of
-at most 2**24 elements, cached across the layers that share it. Under ``torch.compile`` the
-mask function runs eagerly (one graph break per forward, where transformers builds the mask),
-the position_ids check becomes an asynchronous device assert (no graph break), and a mask
-handed to the attention function is a graph break per layer (see docs/transformers.md).
+at most 2**24 elements, cached across the layers that share it.
+
+``torch.compile``: the attention function traces without graph breaks and the position_ids
+check becomes an asynchronous device assert; a mask handed to the attention function is a
+graph break per layer. The mask function cannot be traced (it reads transformers' mask
+closures), so it is ``torch.compiler.disable``d: a compiled model's forward breaks where
+transformers builds the mask, and ``torch.compile(model, fullgraph=True)`` fails; compile the
+decoder layers with ``fullgraph=True`` instead (see docs/transformers.md).
 """
 
 from __future__ import annotations
@@ -151,30 +156,41 @@ def _unsupported(name: str, feature: str, detail: str, remedy: str) -> NotImplem
 # ---------------------------------------------------------------------------------------
 class _LastVerdict:
     """Remembers the verdict for the last tensor checked (by identity and version), so that
-    the layers of one forward, which share their mask / position_ids, check it once."""
+    the layers of one forward, which share their mask / position_ids, check it once.
+
+    Inference tensors (made under ``torch.inference_mode()``) have no version counter, and
+    inside inference mode they can still be modified in place: an identity-only cache could
+    return a stale verdict, so they are checked on every call instead (no cache).
+
+    The entry is one ``(weakref, key, verdict)`` tuple replaced in a single assignment, so a
+    reader in another thread (``nn.DataParallel`` runs replicas in threads) sees a whole
+    entry, never one thread's tensor with another thread's verdict."""
 
     def __init__(self) -> None:
-        self._ref: Optional[weakref.ReferenceType] = None
-        self._key: Any = None
-        self._verdict: Any = None
+        self._entry: Optional[tuple[weakref.ReferenceType, Any, Any]] = None
+
+    @staticmethod
+    def _cacheable(t: Tensor) -> bool:
+        # traced tensors are stand-ins: nothing to remember; inference tensors: see above
+        return not _compiling() and not t.is_inference()
 
     def get(self, t: Tensor, key: Any) -> Any:
-        if _compiling():  # traced tensors are stand-ins: nothing to remember
+        if not self._cacheable(t):
             return None
-        if self._ref is not None and self._ref() is t and self._key == (t._version, key):
-            return self._verdict
+        entry = self._entry
+        if entry is not None and entry[0]() is t and entry[1] == (t._version, key):
+            return entry[2]
         return None
 
     def put(self, t: Tensor, key: Any, verdict: Any) -> None:
-        if _compiling():
+        if not self._cacheable(t):
             return
         try:
-            self._ref = weakref.ref(t)
+            ref = weakref.ref(t)
         except TypeError:  # pragma: no cover - tensors are weak-referenceable
-            self._ref = None
+            self._entry = None
             return
-        self._key = (t._version, key)
-        self._verdict = verdict
+        self._entry = (ref, (t._version, key), verdict)
 
 
 _mask_verdicts = _LastVerdict()
@@ -320,7 +336,8 @@ def _check_position_ids(name: str, position_ids: Any, seqlen_q: int) -> None:
     """Packed sequences show as position_ids that do not increase by exactly 1 along a row
     (transformers' own packing rule). Only plain (batch, seqlen_q) position_ids are read.
 
-    Eager: one check per position_ids tensor (cached across layers), a Python exception.
+    Eager: one check per position_ids tensor (cached across layers; per layer for inference
+    tensors, see _LastVerdict), a Python exception.
     Compiled: an asynchronous device assert, so the check costs no graph break (on CUDA a
     failure surfaces as a device-side assert carrying the same message)."""
     if not isinstance(position_ids, Tensor) or position_ids.dim() != 2 or seqlen_q < 2:
@@ -421,8 +438,8 @@ def _mask_function(
     it) when the requested mask is plain causal or bidirectional; raises otherwise.
 
     It inspects transformers' mask-function closures, which TorchDynamo cannot trace, so it
-    always runs eagerly (under ``torch.compile``: one graph break per forward, where the mask
-    is built)."""
+    always runs eagerly: under ``torch.compile`` the model's forward breaks at its call (every
+    frame on the stack breaks), and ``fullgraph=True`` on a whole model fails."""
     if q_length is None:
         if cache_position is not None:
             q_length = int(cache_position.shape[0])
@@ -496,6 +513,18 @@ def _mask_function(
             name, "a KV cache longer than the tokens it holds (e.g. StaticCache)",
             f"{q_length} queries at position {q_off} against {kv_length} key slots from position {kv_off}",
             "use the default DynamicCache, or attn_implementation='sdpa'",
+        )
+    # transformers pads a 2D mask shorter than the keys with zeros (prepare_padding_mask): the
+    # keys it does not cover are padding, e.g. a StaticCache's unfilled slots. With a causal
+    # mask the check above catches a static cache first; a bidirectional mask would otherwise
+    # let DASH attend to those slots silently.
+    if attention_mask is not None and attention_mask.shape[-1] < kv_off + kv_length:
+        raise _unsupported(
+            name, "a padding mask",
+            f"attention_mask (shape {tuple(attention_mask.shape)}) covers {attention_mask.shape[-1]} key positions but "
+            f"the keys span positions {kv_off}..{kv_off + kv_length - 1}; transformers masks the uncovered ones as "
+            "padding (e.g. the unfilled slots of a StaticCache)",
+            "use the default DynamicCache and sequences without padding tokens, or attn_implementation='sdpa'",
         )
     return None
 

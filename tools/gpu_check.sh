@@ -3,6 +3,7 @@
 # traces), each stage under its own time limit so that a hang costs one stage, not the call.
 #
 #   tools/gpu_check.sh STAGES...     e.g. tools/gpu_check.sh info smoke deadlock tests bench trace
+#                                    (alltests: every GPU test file, all failures listed)
 #
 # Runs from the repository root against the kernels built beside the sources (pip install
 # --no-build-isolation . places them in dash/); logs and results go to $OUT (or ./gpu-out).
@@ -20,6 +21,10 @@ for s in "$@"; do case $s in
   deadlock) stage deadlock 300 $PY -m pytest -q -x tests/test_schedules_gpu.py -k deadlock ;;
   tests)    stage tests 420 $PY -m pytest -q -x tests/test_schedules_gpu.py tests/test_bwd_gpu.py ;;
   hf)       stage hf 240 $PY -m pytest -q -x tests/test_integration_transformers.py ;;
+  alltests) # every GPU test file, without -x: the first run after CPU-only sessions should list every failure
+            stage alltests 560 $PY -m pytest -q -rf tests/test_fwd_gpu.py tests/test_bwd_gpu.py \
+              tests/test_schedules_gpu.py tests/test_fa3_entry_points.py tests/test_dispatch.py tests/test_trace.py \
+              tests/test_integration_transformers.py ;;
   slow)     stage slow 500 $PY -m pytest -q -x -m slow tests/test_schedules_gpu.py tests/test_bwd_gpu.py ;;
   bench)    stage bench 420 $PY benchmarks/bench_bwd.py --out-dir "$OUT" ;;
   sanitize) for tool in synccheck racecheck memcheck initcheck; do

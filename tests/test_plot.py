@@ -118,16 +118,22 @@ def test_panels_split_on_any_other_shape_field():
 # ---------------------------------------------------------------------------------------
 # Drawing
 # ---------------------------------------------------------------------------------------
+def _plot_png(path, out, capsys) -> str:
+    """``python -m dash plot PATH --out OUT``: succeeds silently on stderr and writes a PNG;
+    returns what it printed."""
+    rc, stdout, err = _main(["plot", str(path), "--out", str(out)], capsys)
+    assert rc == 0 and err == ""
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    return stdout
+
+
 @needs_matplotlib
 def test_plot_committed_results(tmp_path, capsys):
     from matplotlib.image import imread
 
     out = tmp_path / "chart.png"
-    rc, stdout, err = _main(["plot", str(COMMITTED), "--out", str(out)], capsys)
-    assert rc == 0 and err == ""
+    stdout = _plot_png(COMMITTED, out, capsys)
     assert stdout == f"wrote {out} (4 panels, 4 modes, ratios to torch_cudnn)\n"
-    with open(out, "rb") as f:
-        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     assert out.stat().st_size > 50_000
     res = plot.load_results(str(COMMITTED))
     w, h = plot.draw(res, MODES, "torch_cudnn").get_size_inches() * plot.DPI
@@ -336,10 +342,8 @@ def test_fwd_kind_is_inferred_from_the_modes():
 @needs_matplotlib
 def test_plot_fwd_results(tmp_path, capsys):
     out = tmp_path / "fwd.png"
-    rc, stdout, err = _main(["plot", str(COMMITTED_FWD), "--out", str(out)], capsys)
-    assert rc == 0 and err == ""
+    stdout = _plot_png(COMMITTED_FWD, out, capsys)
     assert stdout == f"wrote {out} (8 panels, 14 modes, ratios to torch_cudnn_fwd, torch_cudnn_fwdbwd)\n"
-    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     res = plot.load_results(str(COMMITTED_FWD))
     fig = plot.draw(res, list(res.modes), {p: plot.default_anchor(res, p) for p in res.parts()})
     title = fig._suptitle.get_text()

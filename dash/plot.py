@@ -47,10 +47,10 @@ _NOT_RESULTS_KINDS = ("trace", "gantt", "simulate", "schedule", "schedules", "pr
 _X_FIELDS = ("seqlen", "seqlen_q", "seqlen_k", "batch")
 #: Mode names of a forward file (bench_fwd.py: dash_fwd, dash_fwd_op, dash_det_fwdbwd, ...), and
 #: of its forward + backward pass.
-_FWD_MODE = re.compile(r"_fwd(_?bwd)?(_|$)")
-_FWDBWD_MODE = re.compile(r"_fwd_?bwd(_|$)")
+_FWD_MODE = re.compile(r"_fwd(bwd)?(_|$)")
+_FWDBWD_MODE = re.compile(r"_fwdbwd(_|$)")
 #: Anchors tried, in order, for the ratio chart of each pass (``part``) before DEFAULT_ANCHOR.
-_PART_ANCHORS = {"fwd": ("torch_cudnn_fwd",), "fwd+bwd": ("torch_cudnn_fwdbwd", "torch_cudnn_fwd_bwd")}
+_PART_ANCHORS = {"fwd": ("torch_cudnn_fwd",), "fwd+bwd": ("torch_cudnn_fwdbwd",)}
 #: Order of the passes in a figure: the forward's panels above the forward + backward's.
 _PART_ORDER = ("bwd", "fwd", "fwd+bwd")
 

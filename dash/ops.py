@@ -44,11 +44,23 @@ def resolve_schedule(schedule: str, q: Tensor, k: Tensor, causal: bool, determin
     runs, else ``fa3``), whose bits are not reproducible anyway."""
     if schedule != "auto":
         return schedule
-    batch, seqlen_q, heads, head_dim = (int(x) for x in q.shape)
-    seqlen_k, heads_kv = int(k.shape[1]), int(k.shape[2])
+    batch, seqlen_q, heads, head_dim = (_specialized_int(x) for x in q.shape)
+    seqlen_k, heads_kv = _specialized_int(k.shape[1]), _specialized_int(k.shape[2])
     device = q.device.index if q.device.type == "cuda" else -1
     return _auto_schedule(batch, heads, heads_kv, seqlen_q, seqlen_k, head_dim, bool(causal), device,
                           int(sm_margin), bool(deterministic))
+
+
+def _specialized_int(size) -> int:
+    """A size as a Python int, also while torch.compile traces with dynamic shapes.
+
+    ``auto``'s choice depends on the shape, and the op needs it as a constant string. Under
+    dynamic shapes (``dynamic=True``, or Dynamo's automatic dynamic shapes after a second
+    shape) a size is symbolic: ``int()`` keeps it symbolic and ``_auto_schedule`` then cannot
+    run. Formatting it makes Dynamo specialise the graph on its value, with a guard, so each
+    shape gets the schedule eager mode would pick (and the same bits) and a new shape
+    recompiles. An explicit ``schedule=`` keeps the graph dynamic."""
+    return int(f"{size}")
 
 
 @torch._dynamo.assume_constant_result

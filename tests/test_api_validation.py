@@ -376,6 +376,31 @@ def test_schedule_name_tables():
         assert ops.resolve_schedule(name, q, k, False, True, 0) == name
 
 
+def test_auto_schedule_under_torch_compile_with_dynamic_shapes():
+    """Under torch.compile with dynamic shapes the sizes are symbolic while tracing; auto must
+    still pick what eager mode picks for each shape (the bits depend on the pick), not fail
+    inside Dynamo (it did: AsPythonConstantNotImplementedError) and not bake in the first
+    shape's pick. The shapes below get different picks (fa3 on small problems)."""
+    shapes = [(2, 512, 4), (8, 512, 16), (1, 1024, 2), (4, 1024, 8)]
+
+    def pick_index(q, k, causal):
+        name = ops.resolve_schedule("auto", q, k, causal, True, 0)
+        return q.new_zeros(()) + KERNEL_SCHEDULES.index(name)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(pick_index, fullgraph=True, dynamic=True, backend="eager")
+    seen = set()
+    for causal in (True, False):
+        for b, s, h in shapes:
+            q = torch.empty(b, s, h, 64, dtype=torch.bfloat16)
+            eager = ops.resolve_schedule("auto", q, q, causal, True, 0)
+            got = KERNEL_SCHEDULES[int(compiled(q, q, causal))]
+            assert got == eager, (causal, b, s, h, got, eager)
+            seen.add(eager)
+    assert len(seen) >= 2, f"the shapes must get different picks for this test to mean anything: {seen}"
+    torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("schedule", ["bogus", "FA3", "", "all", "Auto", None], ids=repr)
 def test_unknown_schedule(schedule):
     q, k, v = _qkv()

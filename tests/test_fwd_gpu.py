@@ -50,7 +50,7 @@ def _inputs(batch, seqlen_q, seqlen_k, heads, heads_k, head_dim, dtype, seed):
 
 def _fwd_op(q, k, v, causal, sm_margin=0, scale=None):
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    return torch.ops.dash.fwd(q, k, v, scale, causal, False, "auto", sm_margin)
+    return torch.ops.dash.fwd(q, k, v, scale, causal, False, "fa3", sm_margin)
 
 
 def _check_forward(q, k, v, causal, out, lse, label):

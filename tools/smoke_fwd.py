@@ -15,7 +15,7 @@ from dash._bench import refuse_without_gpu
 
 
 def run_fwd(q, k, v, causal):
-    return torch.ops.dash.fwd(q, k, v, q.shape[-1] ** -0.5, causal, False, "auto", 0)
+    return torch.ops.dash.fwd(q, k, v, q.shape[-1] ** -0.5, causal, False, "fa3", 0)
 
 
 def case(b, sq, sk, h, d, causal, dtype=torch.bfloat16, hk=None):

@@ -185,7 +185,7 @@ def test_dash_bench_model_fallback_writes_nothing(tmp_path, capsys):
 # Scripts that need a GPU refuse in one line
 # ---------------------------------------------------------------------------------------
 GPU_SCRIPTS = ["benchmarks/bench_bwd.py", "tools/smoke_bwd.py", "tools/smoke_fwd.py", "tools/sanitize_bwd.py",
-               "tools/profile_bwd.py"]
+               "tools/profile_bwd.py", "tools/ab_time.py"]
 
 
 def _run(script: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# A/B timing of kernel builds on the GPU machine, in one device call: builds in alternating
+# processes (two rounds), each row's DASH time normalised by torch cuDNN in the same process
+# (tools/ab_time.py), then a summary per variant: speed-up over the base build per row, its
+# geometric mean, and whether the outputs' bits match the base build's (forward; backward too
+# when deterministic).
+#
+#   tools/ab_run.sh "fwd|bwd|bwd --deterministic" NAME=DIR ...   (base = this checkout's dash/)
+#
+# DIR holds a variant's _C*.so and _build_manifest.json (carry it); it is run as a copy of
+# this checkout's dash/ with those two files swapped in. Lines go to $OUT/ab.jsonl.
+set -u
+ops=$1; shift
+OUT=${OUT:-ab-out}; mkdir -p "$OUT"
+builds=("base:$PWD")
+for v in "$@"; do
+  name=${v%%=*}; dir=${v#*=}; pkg=/tmp/ab-$name
+  rm -rf "$pkg" && mkdir -p "$pkg" && cp -r dash "$pkg/" && cp "$dir"/_C*.so "$dir"/_build_manifest.json "$pkg/dash/"
+  builds+=("$name:$pkg")
+done
+IFS='|' read -ra oplist <<< "$ops"
+for r in 1 2; do for b in "${builds[@]}"; do for op in "${oplist[@]}"; do
+  PYTHONPATH=${b#*:} timeout 200 python tools/ab_time.py --label "${b%%:*}" --op $op >> "$OUT/ab.jsonl" 2>> "$OUT/ab.err"
+done; done; done
+python - "$OUT/ab.jsonl" <<'PY'
+import json, sys, collections, math
+rows = [json.loads(l) for l in open(sys.argv[1])]
+t = collections.defaultdict(list); dig = collections.defaultdict(dict)
+for r in rows:
+    key = (r["op"] + (" det" if r.get("deterministic") else ""), r["hdim"], "causal" if r["causal"] else "full", r["seqlen"])
+    t[key, r["label"]].append(r["dash_over_cudnn_time"]); dig[key][r["label"]] = r.get("digest")
+labels = sorted({l for _, l in t} - {"base"})
+for lab in labels:
+    g = collections.defaultdict(list)
+    for key in sorted({k for k, _ in t}):
+        a, b = t[key, "base"], t.get((key, lab))
+        if not a or not b: continue
+        s = (sum(a) / len(a)) / (sum(b) / len(b)); g[key[0]].append(s)
+        same = "same bits" if dig[key].get(lab) == dig[key].get("base") else "BITS DIFFER (expected for non-det bwd)"
+        print(f"{lab:8s} {' '.join(map(str, key)):28s} speed-up {s:.3f}  base {' '.join('%.3f' % x for x in a)}  {lab} {' '.join('%.3f' % x for x in b)}  {same}")
+    for op, v in g.items():
+        print(f"{lab:8s} {op:10s} geomean speed-up {math.exp(sum(map(math.log, v)) / len(v)):.4f} over {len(v)} rows, worst {min(v):.3f}")
+PY
+tail -3 "$OUT/ab.err"

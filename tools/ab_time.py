@@ -1,0 +1,101 @@
+"""One side of an A/B timing of two kernel builds: times DASH's forward op (or backward op) on a
+list of paper-grid rows beside torch's cuDNN SDPA in the same process (GPU time, host ahead:
+``dash.bench.cuda_time_ms_interleaved``) and prints one JSON line per row, tagged with --label.
+
+A build is whatever ``dash`` PYTHONPATH resolves to. Run the two builds in alternating
+processes, at least twice each, and compare their cuDNN-normalised times, e.g.:
+
+    for r in 1 2; do for b in base:$PWD variant:/tmp/variant; do
+      PYTHONPATH=${b#*:} python tools/ab_time.py --label ${b%%:*} --op fwd; done; done
+
+The cuDNN column is the clock reference: it moved by up to 2 % between processes in earlier
+A/Bs (docs/kernel-notes.md, fourth pass), more than some changes under test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+
+from dash._bench import refuse_without_gpu
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--label", default="build", help="name of this build in the output")
+    ap.add_argument("--op", choices=("fwd", "bwd"), default="fwd")
+    ap.add_argument("--hdim", type=int, nargs="*", default=[64, 128])
+    ap.add_argument("--seqlen", type=int, nargs="*", default=[2048, 4096, 8192, 16384])
+    ap.add_argument("--mask", choices=("full", "causal", "both"), default="both")
+    ap.add_argument("--deterministic", action="store_true", help="bwd: deterministic mode (schedule auto)")
+    ap.add_argument("--iters", type=int, default=12)
+    args = ap.parse_args()
+    status = refuse_without_gpu("ab_time.py")
+    if status:
+        return status
+    import dash
+    from dash import ops
+    from dash.bench import cuda_time_ms_interleaved
+    from dash.digest import tensor_digest
+
+    masks = {"full": [False], "causal": [True], "both": [False, True]}[args.mask]
+    for d in args.hdim:
+        for causal in masks:
+            for s in args.seqlen:
+                b, h = max(1, 16384 // s), 2048 // d
+                gen = torch.Generator(device="cuda").manual_seed(s * 1000 + d)
+                q, k, v, dout = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+                                 for _ in range(4))
+                scale = d ** -0.5
+                out, lse = ops.forward_impl(q, k, v, scale, causal)
+                digest = tensor_digest(out)[:16] + "/" + tensor_digest(lse)[:16]  # same bits in A and B?
+                det = bool(args.deterministic)
+                inputs = {"q": q, "k": k, "v": v, "dout": dout, "out": out, "lse": lse, "scale": scale,
+                          "causal": causal, "det": det, "qkv_t": tuple(t.transpose(1, 2) for t in (q, k, v)),
+                          "schedule": ops.resolve_schedule("auto", q, k, causal, det, 0)}
+                fns = {"dash": _dash_fwd if args.op == "fwd" else _dash_bwd,
+                       "cudnn": _cudnn_fwd if args.op == "fwd" else _cudnn_fwd_bwd}
+                if args.op == "bwd":  # deterministic mode: the same bits in A and B?
+                    digest += "|" + "/".join(tensor_digest(g)[:12] for g in _dash_bwd(inputs))
+                ms = cuda_time_ms_interleaved(fns, [inputs], warmup=5, iters=args.iters)
+                print(json.dumps({"label": args.label, "op": args.op, "hdim": d, "causal": causal, "seqlen": s,
+                                  "dash_ms": ms["dash"], "cudnn_ms": ms["cudnn"],
+                                  "dash_over_cudnn_time": ms["dash"] / ms["cudnn"], "digest": digest,
+                                  "deterministic": bool(args.deterministic),
+                                  "dash_version": getattr(dash, "__file__", "?")}), flush=True)
+    return 0
+
+
+def _dash_fwd(s):
+    from dash import ops
+
+    return ops.forward_impl(s["q"], s["k"], s["v"], s["scale"], s["causal"])
+
+
+def _dash_bwd(s):
+    return torch.ops.dash.bwd(s["dout"], s["q"], s["k"], s["v"], s["out"], s["lse"], s["scale"], s["causal"], s["det"],
+                              s["schedule"], 0)
+
+
+def _sdpa_cudnn(qt, kt, vt, causal):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+
+
+def _cudnn_fwd(s):
+    return _sdpa_cudnn(*s["qkv_t"], s["causal"])
+
+
+def _cudnn_fwd_bwd(s):
+    qs, ks, vs = (t.detach().requires_grad_() for t in s["qkv_t"])
+    o = _sdpa_cudnn(qs, ks, vs, s["causal"])
+    return torch.autograd.grad(o, (qs, ks, vs), torch.ones_like(o))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -21,6 +21,7 @@ RUNS_SINCE_DQ_CHAINS = [
     "2026-11-30-NVIDIA-H200-bwd-fa4-127bce8.json",
     "2026-11-30-NVIDIA-H200-bwd-fa4-a2b9bbc.json",
     "2026-11-30-NVIDIA-H200-bwd-gqa-fa4-ebf9e4a.json",
+    "2026-12-01-NVIDIA-H200-bwd-84595d6.json",
 ]
 
 

@@ -185,7 +185,13 @@ struct BwdMainKernel {
   static __device__ void mma(Params const& params, SharedStorage& ss, int mma_tidx) {
     auto const& sched = params.schedule;
     auto const& geo = sched.geo;
-    int const wg = mma_tidx / 128;
+    // The warpgroup index is warp-uniform, but the compiler cannot see that in mma_tidx / 128;
+    // through a shuffle from lane 0 it keeps the warpgroup's WGMMA descriptors in uniform
+    // registers instead of moving them there (R2UR) before every HGMMA (ncu, hdim 64: 32 R2UR
+    // per warp and step). Measured (kernel notes, seventh pass): claimed schedules hdim 64
+    // +1-3 %, hdim 128 +-0.5 %; the shift kernel lost 4-6 % at hdim 64 full, so it keeps the plain
+    // division.
+    int const wg = Schedule::kClaimed ? __shfl_sync(0xffffffff, mma_tidx / 128, 0) : mma_tidx / 128;
     int const wg_tidx = mma_tidx % 128;
 
     Tensor sQ = make_tensor(make_smem_ptr(ss.smem_q), typename Traits::SmemLayoutQ{});

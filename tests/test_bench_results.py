@@ -276,3 +276,19 @@ def test_readme_table_without_a_mode_anywhere_shows_a_dash(tmp_path):
     path.write_text(json.dumps(payload))
     last = _readme_table().table(path).splitlines()[-1]
     assert last.split("|")[-3].strip() == "–"  # det(auto) / det(fa3 order): no row has it
+
+
+def test_modes_not_defined_for_a_shape_are_skipped_not_errors():
+    """The shift schedule exists for full masks only: on a causal row the benchmark leaves its
+    column empty ("-") instead of running it into DASH's NotImplementedError and printing
+    "err" (which it keeps for modes that failed)."""
+    from dash.bench import Row, Shape, format_row, mode_applies
+
+    full, causal = Shape.paper(2048, 128, False), Shape.paper(2048, 128, True)
+    assert mode_applies("dash_shift_det", full) and not mode_applies("dash_shift_det", causal)
+    assert all(mode_applies(m, causal) for m in ("dash_auto_det", "dash_fa3_det", "torch_cudnn"))
+    row = Row(causal)
+    row.ms = {"torch_cudnn": 1.0, "dash_auto_det": 0.8}
+    row.errors = {"fa4_det": "ImportError: no"}
+    cells = format_row(row, ["dash_auto_det", "dash_shift_det", "fa4_det", "torch_cudnn"]).split()
+    assert cells[-6:] == [cells[-6], "1.25x", "-", "err", cells[-2], "1.00x"], cells

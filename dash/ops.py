@@ -41,26 +41,42 @@ def resolve_schedule(schedule: str, q: Tensor, k: Tensor, causal: bool, determin
     the same 132-CTA grid on every GPU so that neither the choice nor its bits depend on the
     SM count or ``sm_margin``; non-deterministic, a fixed measured rule
     (causal: ``descending`` from 2048 queries, else ``interleaved``; full: ``shift`` where it
-    runs, else ``fa3``), whose bits are not reproducible anyway."""
+    runs, else ``fa3``), whose bits are not reproducible anyway.
+
+    Under torch.compile with dynamic shapes the non-deterministic rule is traced on the
+    symbolic sizes (guards on size ranges); the deterministic choice runs the model, which
+    needs the sizes' values, so the graph is specialised on the shape (``_specialized_int``)."""
     if schedule != "auto":
         return schedule
+    device = q.device.index if q.device.type == "cuda" else -1
+    if not deterministic:
+        from dash.schedules.auto import nondeterministic_kernel_schedule
+
+        return nondeterministic_kernel_schedule(q.shape[1], k.shape[1], _specialized_int(q.shape[3]), bool(causal),
+                                                _grid_ctas_constant(device, int(sm_margin)))
     batch, seqlen_q, heads, head_dim = (_specialized_int(x) for x in q.shape)
     seqlen_k, heads_kv = _specialized_int(k.shape[1]), _specialized_int(k.shape[2])
-    device = q.device.index if q.device.type == "cuda" else -1
     return _auto_schedule(batch, heads, heads_kv, seqlen_q, seqlen_k, head_dim, bool(causal), device,
-                          int(sm_margin), bool(deterministic))
+                          int(sm_margin), True)
 
 
 def _specialized_int(size) -> int:
-    """A size as a Python int, also while torch.compile traces with dynamic shapes.
+    """A size as a Python int, also while a graph is traced with symbolic sizes.
 
-    ``auto``'s choice depends on the shape, and the op needs it as a constant string. Under
-    dynamic shapes (``dynamic=True``, or Dynamo's automatic dynamic shapes after a second
-    shape) a size is symbolic: ``int()`` keeps it symbolic and ``_auto_schedule`` then cannot
-    run. Formatting it makes Dynamo specialise the graph on its value, with a guard, so each
-    shape gets the schedule eager mode would pick (and the same bits) and a new shape
-    recompiles. An explicit ``schedule=`` keeps the graph dynamic."""
-    return int(f"{size}")
+    The deterministic ``auto`` choice runs the scheduling model on the shape and the op needs
+    it as a constant string. Under Dynamo with dynamic shapes (``dynamic=True``, or automatic
+    dynamic shapes after a second shape) a size is symbolic and ``int()`` keeps it so;
+    formatting it makes Dynamo specialise the graph on its value, with a guard (inside Dynamo a
+    symbolic size also passes as an ``int``, so this test must come first). Outside Dynamo
+    (``make_fx``, non-strict ``torch.export``) a ``SymInt`` is specialised with ``guard_int``.
+    Either way each shape gets the schedule, and the bits, that eager mode gives it."""
+    if torch.compiler.is_dynamo_compiling():
+        return int(f"{size}")
+    if isinstance(size, torch.SymInt):
+        from torch.fx.experimental.symbolic_shapes import guard_int
+
+        return guard_int(size)
+    return int(size)
 
 
 @torch._dynamo.assume_constant_result
@@ -73,6 +89,13 @@ def _auto_schedule(batch: int, heads: int, heads_kv: int, seqlen_q: int, seqlen_
 
     return choose_kernel_schedule(batch, heads, heads_kv, seqlen_q, seqlen_k, head_dim, causal,
                                   grid_ctas(device, sm_margin), deterministic)
+
+
+@torch._dynamo.assume_constant_result
+def _grid_ctas_constant(device: int, sm_margin: int) -> int:
+    """``grid_ctas`` run once while torch.compile traces (it asks the CUDA runtime), kept as a
+    constant of the graph."""
+    return grid_ctas(device, sm_margin)
 
 
 def grid_ctas(device: int | torch.device | None, sm_margin: int) -> int:
@@ -151,7 +174,13 @@ def run_forward(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: b
                 schedule: str, sm_margin: int) -> tuple[Tensor, Tensor]:
     """``dash::fwd`` (with autograd) on validated inputs; ``schedule`` may be "auto", which
     is resolved here because the backward it is saved for needs a kernel schedule."""
-    kernel_schedule = resolve_schedule(schedule, q, k, causal, deterministic, sm_margin)
+    if schedule == "auto" and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
+        # No backward will run: the schedule the op carries is never used, so "auto" is not
+        # resolved (under torch.compile with dynamic shapes resolving it would specialise the
+        # graph on the shape for nothing).
+        kernel_schedule = "fa3"
+    else:
+        kernel_schedule = resolve_schedule(schedule, q, k, causal, deterministic, sm_margin)
     # The autograd registered on dash::fwd in C++ is the user path's autograd node.
     return torch.ops.dash.fwd(q, k, v, float(softmax_scale), causal, deterministic, kernel_schedule, int(sm_margin))
 

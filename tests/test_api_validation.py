@@ -376,29 +376,60 @@ def test_schedule_name_tables():
         assert ops.resolve_schedule(name, q, k, False, True, 0) == name
 
 
-def test_auto_schedule_under_torch_compile_with_dynamic_shapes():
+def _schedule_index(q, k, causal, det):
+    return q.new_zeros(()) + KERNEL_SCHEDULES.index(ops.resolve_schedule("auto", q, k, causal, det, 0))
+
+
+@pytest.mark.parametrize("det", [True, False], ids=["deterministic", "nondeterministic"])
+def test_auto_schedule_under_torch_compile_with_dynamic_shapes(det):
     """Under torch.compile with dynamic shapes the sizes are symbolic while tracing; auto must
     still pick what eager mode picks for each shape (the bits depend on the pick), not fail
     inside Dynamo (it did: AsPythonConstantNotImplementedError) and not bake in the first
-    shape's pick. The shapes below get different picks (fa3 on small problems)."""
-    shapes = [(2, 512, 4), (8, 512, 16), (1, 1024, 2), (4, 1024, 8)]
+    shape's pick. Deterministic: the graph is specialised per shape (one graph each);
+    non-deterministic: the rule is traced on the symbolic sizes, so a few graphs (guards on
+    size ranges) serve every shape. The shapes get different picks in both modes."""
+    shapes = [(2, 512, 512, 4, 4), (8, 512, 512, 16, 16), (2, 1024, 700, 4, 2), (4, 1024, 1024, 8, 2),
+              (2, 3000, 3000, 2, 2), (3, 640, 896, 6, 3), (2, 2048, 4096, 4, 4), (4, 4096, 4096, 2, 2)]
+    graphs = []
 
-    def pick_index(q, k, causal):
-        name = ops.resolve_schedule("auto", q, k, causal, True, 0)
-        return q.new_zeros(()) + KERNEL_SCHEDULES.index(name)
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm
 
+    # Deterministic: one graph per (shape, mask), more than Dynamo's default limit of 8.
+    limit = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
     torch._dynamo.reset()
-    compiled = torch.compile(pick_index, fullgraph=True, dynamic=True, backend="eager")
-    seen = set()
-    for causal in (True, False):
-        for b, s, h in shapes:
-            q = torch.empty(b, s, h, 64, dtype=torch.bfloat16)
-            eager = ops.resolve_schedule("auto", q, q, causal, True, 0)
-            got = KERNEL_SCHEDULES[int(compiled(q, q, causal))]
-            assert got == eager, (causal, b, s, h, got, eager)
-            seen.add(eager)
+    try:
+        with torch._dynamo.config.patch(**{limit: 64}):
+            compiled = torch.compile(_schedule_index, fullgraph=True, dynamic=True, backend=backend)
+            seen = set()
+            for causal in (True, False):
+                for b, sq, sk, h, hk in shapes:
+                    q = torch.empty(b, sq, h, 64, dtype=torch.bfloat16)
+                    k = torch.empty(b, sk, hk, 64, dtype=torch.bfloat16)
+                    eager = ops.resolve_schedule("auto", q, k, causal, det, 0)
+                    got = KERNEL_SCHEDULES[int(compiled(q, k, causal, det))]
+                    assert got == eager, (det, causal, b, sq, sk, h, hk, got, eager)
+                    seen.add(eager)
+    finally:
+        torch._dynamo.reset()
     assert len(seen) >= 2, f"the shapes must get different picks for this test to mean anything: {seen}"
-    torch._dynamo.reset()
+    calls = 2 * len(shapes)
+    if det:
+        assert len(graphs) == calls, f"deterministic auto specialises per shape: {len(graphs)} graphs, {calls} calls"
+    else:
+        assert len(graphs) <= 6, f"the non-deterministic rule should not specialise per shape: {len(graphs)} graphs"
+
+
+@pytest.mark.parametrize("det", [True, False], ids=["deterministic", "nondeterministic"])
+def test_auto_schedule_under_symbolic_tracing_outside_dynamo(det):
+    """make_fx / non-strict export trace with SymInts outside Dynamo: auto specialises them
+    (guard_int) instead of failing on int("s0")."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    q = torch.empty(2, 512, 4, 64, dtype=torch.bfloat16)
+    gm = make_fx(lambda q, k: _schedule_index(q, k, True, det), tracing_mode="symbolic")(q, q)
+    assert int(gm(q, q)) == KERNEL_SCHEDULES.index(ops.resolve_schedule("auto", q, q, True, det, 0))
 
 
 @pytest.mark.parametrize("schedule", ["bogus", "FA3", "", "all", "Auto", None], ids=repr)

@@ -60,7 +60,11 @@ def main() -> int:
                        "cudnn": _cudnn_fwd if args.op == "fwd" else _cudnn_fwd_bwd}
                 if args.op == "bwd":  # deterministic mode: the same bits in A and B?
                     digest += "|" + "/".join(tensor_digest(g)[:12] for g in _dash_bwd(inputs))
-                ms = cuda_time_ms_interleaved(fns, [inputs], warmup=5, iters=args.iters)
+                errors: dict[str, str] = {}
+                ms = cuda_time_ms_interleaved(fns, [inputs], warmup=5, iters=args.iters, errors=errors)
+                if errors or "dash" not in ms or "cudnn" not in ms:
+                    print(f"ab_time: hdim {d} causal {causal} seqlen {s}: skipped, {errors}", file=sys.stderr, flush=True)
+                    continue
                 print(json.dumps({"label": args.label, "op": args.op, "hdim": d, "causal": causal, "seqlen": s,
                                   "dash_ms": ms["dash"], "cudnn_ms": ms["cudnn"],
                                   "dash_over_cudnn_time": ms["dash"] / ms["cudnn"], "digest": digest,

@@ -189,8 +189,8 @@ struct BwdMainKernel {
     // through a shuffle from lane 0 it keeps the warpgroup's WGMMA descriptors in uniform
     // registers instead of moving them there (R2UR) before every HGMMA (ncu, hdim 64: 32 R2UR
     // per warp and step). Measured (kernel notes, seventh pass): claimed schedules hdim 64
-    // +1-3 %, hdim 128 +-0.5 %; the shift kernel lost 4-6 % at hdim 64 full, so it keeps the plain
-    // division.
+    // +1.5-3 %, hdim 128 +0-2.5 %; the shift kernel lost 4-6 % at hdim 64 full, so it keeps
+    // the plain division.
     int const wg = Schedule::kClaimed ? __shfl_sync(0xffffffff, mma_tidx / 128, 0) : mma_tidx / 128;
     int const wg_tidx = mma_tidx % 128;
 

@@ -193,12 +193,19 @@ def choose_kernel_schedule(batch: int, heads: int, heads_kv: int, seqlen_q: int,
     place in the round.)
     """
     if not deterministic:
-        if causal:
-            return "descending" if seqlen_q >= 2048 else "interleaved"
-        lanes, q_tiles = shift_lanes(seqlen_q, seqlen_k, head_dim, ctas)
-        return "shift" if lanes <= q_tiles else "fa3"
+        return nondeterministic_kernel_schedule(seqlen_q, seqlen_k, head_dim, causal, ctas)
     ranked = rank_kernel_schedules(batch, heads, heads_kv, seqlen_q, seqlen_k, head_dim, causal, AUTO_REFERENCE_CTAS)
     return ranked[0][0] if ranked else "fa3"
+
+
+def nondeterministic_kernel_schedule(seqlen_q, seqlen_k, head_dim: int, causal: bool, ctas: int) -> str:
+    """Non-deterministic ``auto`` (the measured rule of ``choose_kernel_schedule``). Only size
+    comparisons: traced by torch.compile on symbolic sizes it adds guards on size ranges
+    instead of one graph per shape."""
+    if causal:
+        return "descending" if seqlen_q >= 2048 else "interleaved"
+    lanes, q_tiles = shift_lanes(seqlen_q, seqlen_k, head_dim, ctas)
+    return "shift" if lanes <= q_tiles else "fa3"
 
 
 @lru_cache(maxsize=256)

@@ -45,7 +45,8 @@ def attention_backward(
     reproducible; False while that global flag is on raises PyTorch's non-determinism alert."""
     validate_backward_inputs(dout, q, k, v, out, softmax_lse, softmax_scale=softmax_scale, causal=causal,
                              sm_margin=sm_margin, schedule=schedule, deterministic=deterministic)
-    _ext.require_kernels()
+    if not torch.compiler.is_compiling():  # tracing runs no kernel
+        _ext.require_kernels()
     det = resolve_deterministic(deterministic, needs_grad=True)  # this call is the backward
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
     return run_backward(dout, q, k, v, out, softmax_lse, scale, causal, det, schedule, sm_margin)

@@ -205,7 +205,8 @@ def _flash_attn_backward(
     for name, buffer, like, like_name in zip(("dq", "dk", "dv"), buffers, (q, k, v), ("q", "k", "v")):
         if buffer is not None:
             check_output_buffer(name, buffer, like, like_name)
-    _ext.require_kernels()
+    if not torch.compiler.is_compiling():  # tracing runs no kernel
+        _ext.require_kernels()
     scale = float(softmax_scale) if softmax_scale is not None else q.shape[-1] ** -0.5
     grads = run_backward(dout, q, k, v, out, softmax_lse, scale, causal, deterministic, "auto", int(sm_margin))
     for buffer, grad in zip(buffers, grads):

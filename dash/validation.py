@@ -427,8 +427,15 @@ def validate_backward_inputs(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out:
                              **options) -> None:
     """validate_inputs on q, k, v (``options`` are its keywords) with the backward's limits,
     then the forward's results and the incoming gradient: dout and out shaped like q,
-    softmax_lse float32 (B, H, Sq) on q's device."""
-    validate_inputs(q, k, v, backward=True, **options)
+    softmax_lse float32 (B, H, Sq) on q's device. While torch.compile traces, the checks that
+    need a real tensor (data pointer alignment, the device's properties) are left to the op's
+    C++ checks, as in ``validate_for_launch``."""
+    tracing = torch.compiler.is_compiling()
+    if tracing:
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            check_tensor(name, t)
+        check_cuda_devices(q, k, v)
+    validate_inputs(q, k, v, backward=True, check_device=not tracing, **options)
     for name, t in (("dout", dout), ("out", out)):
         check_tensor(name, t)
         if t.shape != q.shape or t.dtype != q.dtype or t.device != q.device:

@@ -1114,3 +1114,33 @@ def test_softcap_of_the_wrong_type(softcap, cpu_as_sm90):
     with pytest.raises(TypeError) as e:
         flash_attn_func(*_qkv(), softcap=softcap)
     assert _err(e) == text
+
+
+@pytest.mark.parametrize("entry", ["attention_backward", "_flash_attn_backward"])
+def test_backward_entry_points_trace_with_fullgraph(cpu_as_sm90, entry):
+    """The backward entry points trace under torch.compile(fullgraph=True): their validation
+    used to read the fake tensors' data pointers (TMA alignment), which Dynamo cannot trace,
+    and to require the kernels while tracing. Both are left to the op's C++ checks and the
+    call, as in the forward. The op (here a recorder) receives the traced call's arguments."""
+    from dash import api
+    from dash import flash_attn_interface as fai
+
+    q, k, v = _qkv()
+    dout, out = torch.randn_like(q), torch.randn_like(q)
+    lse = torch.randn(q.shape[0], q.shape[2], q.shape[1])
+
+    if entry == "attention_backward":
+        def step(dout, q, k, v, out, lse):
+            return api.attention_backward(dout, q, k, v, out, lse, causal=True, deterministic=True)
+    else:
+        def step(dout, q, k, v, out, lse):
+            dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+            fai._flash_attn_backward(dout, q, k, v, out, lse, dq=dq, dk=dk, dv=dv, is_causal=True, deterministic=True)
+            return dq, dk, dv
+
+    torch._dynamo.reset()
+    try:
+        torch.compile(step, fullgraph=True, backend="eager")(dout, q, k, v, out, lse)
+    finally:
+        torch._dynamo.reset()
+    assert cpu_as_sm90 and cpu_as_sm90[-1]["causal"] is True and cpu_as_sm90[-1]["deterministic"] is True

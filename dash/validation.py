@@ -435,7 +435,8 @@ def validate_backward_inputs(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out:
         for name, t in (("q", q), ("k", k), ("v", v)):
             check_tensor(name, t)
         check_cuda_devices(q, k, v)
-    validate_inputs(q, k, v, backward=True, check_device=not tracing, **options)
+    options.setdefault("check_device", not tracing)
+    validate_inputs(q, k, v, backward=True, **options)
     for name, t in (("dout", dout), ("out", out)):
         check_tensor(name, t)
         if t.shape != q.shape or t.dtype != q.dtype or t.device != q.device:

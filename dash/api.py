@@ -20,6 +20,7 @@ from torch import Tensor
 from dash import _ext
 from dash.ops import resolve_deterministic, run_backward, run_forward
 from dash.validation import (
+    backward_will_run,
     check_tensor,
     contiguous_last_dim,
     describe_tensor,
@@ -101,7 +102,7 @@ def flash_attn_func(
     q, k, v = contiguous_last_dim(q), contiguous_last_dim(k), contiguous_last_dim(v)
     validate_for_launch(q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
                         sm_margin=sm_margin, schedule=schedule, deterministic=deterministic)
-    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    needs_grad = backward_will_run(q, k, v)
     det = resolve_deterministic(deterministic, needs_grad)
     scale = float(softmax_scale) if softmax_scale is not None else q.shape[-1] ** -0.5
     causal = effective_causal(window_size, causal, q.shape[1], k.shape[1])

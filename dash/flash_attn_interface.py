@@ -36,6 +36,7 @@ from dash import _ext
 from dash.api import flash_attn_func, flash_attn_qkvpacked_func, flash_attn_varlen_func
 from dash.ops import resolve_deterministic, run_backward, run_forward
 from dash.validation import (
+    backward_will_run,
     check_bool,
     check_bshd,
     check_output_buffer,
@@ -132,7 +133,7 @@ def _flash_attn_forward(
     validate_for_launch(q, k, v, softmax_scale=softmax_scale, causal=is_causal, sm_margin=sm_margin)
     if out_ is not None:
         check_output_buffer("out_", out_, q, "q")
-    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    needs_grad = backward_will_run(q, k, v)
     deterministic = resolve_deterministic(None, needs_grad)
     scale = float(softmax_scale) if softmax_scale is not None else q.shape[-1] ** -0.5
     out, softmax_lse = run_forward(q, k, v, scale, is_causal, deterministic, "auto", int(sm_margin))

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from dash import _ext
+from dash.validation import backward_will_run
 
 
 # ---------------------------------------------------------------------------------------
@@ -56,8 +57,7 @@ def resolve_schedule(schedule: str, q: Tensor, k: Tensor, causal: bool, determin
                                                 _grid_ctas_constant(device, int(sm_margin)))
     batch, seqlen_q, heads, head_dim = (_specialized_int(x) for x in q.shape)
     seqlen_k, heads_kv = _specialized_int(k.shape[1]), _specialized_int(k.shape[2])
-    return _auto_schedule(batch, heads, heads_kv, seqlen_q, seqlen_k, head_dim, bool(causal), device,
-                          int(sm_margin), True)
+    return _auto_schedule(batch, heads, heads_kv, seqlen_q, seqlen_k, head_dim, bool(causal))
 
 
 def _specialized_int(size) -> int:
@@ -81,14 +81,15 @@ def _specialized_int(size) -> int:
 
 @torch._dynamo.assume_constant_result
 def _auto_schedule(batch: int, heads: int, heads_kv: int, seqlen_q: int, seqlen_k: int, head_dim: int,
-                   causal: bool, device: int, sm_margin: int, deterministic: bool) -> str:
-    """``auto``'s choice for a shape. A pure function of its arguments (the model is cached
-    per shape), so torch.compile runs it once while tracing and keeps the name as a constant
-    instead of tracing the NumPy model."""
-    from dash.schedules.auto import choose_kernel_schedule
+                   causal: bool) -> str:
+    """Deterministic ``auto``'s choice for a shape. A pure function of its arguments (the model
+    is cached per shape and ranks for ``AUTO_REFERENCE_CTAS`` whatever the GPU), so
+    torch.compile runs it once while tracing and keeps the name as a constant instead of
+    tracing the NumPy model."""
+    from dash.schedules.auto import AUTO_REFERENCE_CTAS, choose_kernel_schedule
 
-    return choose_kernel_schedule(batch, heads, heads_kv, seqlen_q, seqlen_k, head_dim, causal,
-                                  grid_ctas(device, sm_margin), deterministic)
+    return choose_kernel_schedule(batch, heads, heads_kv, seqlen_q, seqlen_k, head_dim, causal, AUTO_REFERENCE_CTAS,
+                                  True)
 
 
 @torch._dynamo.assume_constant_result
@@ -174,7 +175,7 @@ def run_forward(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: b
                 schedule: str, sm_margin: int) -> tuple[Tensor, Tensor]:
     """``dash::fwd`` (with autograd) on validated inputs; ``schedule`` may be "auto", which
     is resolved here because the backward it is saved for needs a kernel schedule."""
-    if schedule == "auto" and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
+    if schedule == "auto" and not backward_will_run(q, k, v):
         # No backward will run: the schedule the op carries is never used, so "auto" is not
         # resolved (under torch.compile with dynamic shapes resolving it would specialise the
         # graph on the shape for nothing).

@@ -141,6 +141,12 @@ def is_tma_aligned(t: Tensor) -> bool:
     )
 
 
+def backward_will_run(q: Tensor, k: Tensor, v: Tensor) -> bool:
+    """Whether flash_attn_func's autograd will record a backward for these inputs: grad mode
+    is on and q, k or v requires grad."""
+    return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+
+
 def contiguous_last_dim(t: object) -> object:
     """FA3's ``maybe_contiguous``: FA3's entry points copy a tensor whose last dim is strided
     rather than reject it, and so do DASH's (the kernels need a unit last stride). Anything
@@ -286,7 +292,7 @@ def validate_inputs(
     key = None
     if check_device and type(q) is Tensor and type(k) is Tensor and type(v) is Tensor and type(window_size) is tuple:
         if backward is None:
-            backward = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+            backward = backward_will_run(q, k, v)
         key = (q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype, k.device, v.shape, v.stride(),
                v.dtype, v.device, window_size, softmax_scale, type(softmax_scale), causal, type(causal), softcap,
                type(softcap), sm_margin, type(sm_margin), schedule, deterministic, type(deterministic), backward)
@@ -347,7 +353,7 @@ def _validate_inputs(q: Tensor, k: Tensor, v: Tensor, *, softmax_scale, causal, 
             "(GQA/MQA need heads_q % heads_kv == 0)"
         )
     if backward is None:
-        backward = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+        backward = backward_will_run(q, k, v)
     if backward:
         for name, value in (("batch", batch), ("heads", heads)):
             if value > BWD_MAX_BATCH_HEADS:
@@ -406,6 +412,17 @@ def _validate_inputs(q: Tensor, k: Tensor, v: Tensor, *, softmax_scale, causal, 
                 f"({q_tiles}) (seqlen_q={q.shape[1]}, seqlen_k={k.shape[1]}); use 'auto'")
 
 
+def _check_traced_qkv(q: Tensor, k: Tensor, v: Tensor) -> bool:
+    """Whether torch.compile is tracing; if so, check what fake tensors still have (tensor types,
+    device type), since validate_inputs then runs with ``check_device=False``."""
+    tracing = torch.compiler.is_compiling()
+    if tracing:
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            check_tensor(name, t)
+        check_cuda_devices(q, k, v)
+    return tracing
+
+
 def validate_for_launch(q: Tensor, k: Tensor, v: Tensor, **options) -> None:
     """validate_inputs (``options`` are its keywords) for a call that is about to launch
     DASH's kernels, then require that they are loadable.
@@ -413,11 +430,7 @@ def validate_for_launch(q: Tensor, k: Tensor, v: Tensor, **options) -> None:
     While torch.compile traces, tensors are fakes (no data pointer, no device to query):
     only their types and device type are checked here, and the op's C++ checks still run on
     the real tensors. The kernels are required only when not tracing, as tracing runs none."""
-    tracing = torch.compiler.is_compiling()
-    if tracing:
-        for name, t in (("q", q), ("k", k), ("v", v)):
-            check_tensor(name, t)
-        check_cuda_devices(q, k, v)
+    tracing = _check_traced_qkv(q, k, v)
     validate_inputs(q, k, v, check_device=not tracing, **options)
     if not tracing:
         _ext.require_kernels()
@@ -430,12 +443,7 @@ def validate_backward_inputs(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out:
     softmax_lse float32 (B, H, Sq) on q's device. While torch.compile traces, the checks that
     need a real tensor (data pointer alignment, the device's properties) are left to the op's
     C++ checks, as in ``validate_for_launch``."""
-    tracing = torch.compiler.is_compiling()
-    if tracing:
-        for name, t in (("q", q), ("k", k), ("v", v)):
-            check_tensor(name, t)
-        check_cuda_devices(q, k, v)
-    options.setdefault("check_device", not tracing)
+    options.setdefault("check_device", not _check_traced_qkv(q, k, v))
     validate_inputs(q, k, v, backward=True, **options)
     for name, t in (("dout", dout), ("out", out)):
         check_tensor(name, t)

@@ -10,6 +10,7 @@
 
 #include "generated/tile_config.h"
 #include "kernels/bwd_params.h"
+#include "kernels/mma_utils.h"
 #include "kernels/work_ring.h"
 #include "schedule/schedule.h"
 
@@ -74,6 +75,9 @@ struct BwdTraits {
   using TiledMmadQ = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, ElementAccum, TileShapeAtomdQ, GMMA::Major::K, GMMA::Major::MN>(),
       AtomLayoutdQ{}));
+  static_assert(kOneWgmmaWide<TiledMmaSdP, kBlockM> && kOneWgmmaWide<TiledMmadKV, kHeadDim> &&
+                    kOneWgmmaWide<TiledMmadQ, size<1>(TileShapeAtomdQ{})>,
+                "a GEMM tile would be split into narrow WGMMAs (mma_utils.h, kOneWgmmaWide)");
 
   // ---- Shared-memory layouts -----------------------------------------------------------
   // All operand tiles are K-major with the 128-byte swizzle (rows of 64 bf16). The

@@ -10,6 +10,7 @@
 
 #include "generated/tile_config.h"
 #include "kernels/fwd_params.h"
+#include "kernels/mma_utils.h"
 #include "kernels/work_ring.h"
 #include "schedule/schedule.h"  // TileGeometryT
 
@@ -81,6 +82,8 @@ struct FwdTraits {
       GMMA::rs_op_selector<Element, Element, ElementAccum, Shape<_64, Int<kHeadDim>, Int<kBlockN>>,
                            GMMA::Major::K, GMMA::Major::MN>(),
       AtomLayoutRows{}));
+  static_assert(kOneWgmmaWide<TiledMmaQK, kBlockN> && kOneWgmmaWide<TiledMmaPV, kHeadDim>,
+                "a GEMM tile would be split into narrow WGMMAs (mma_utils.h, kOneWgmmaWide)");
 
   // ---- Shared-memory layouts -----------------------------------------------------------
   using SmemAtom = GMMA::Layout_K_SW128_Atom<Element>;

@@ -22,6 +22,9 @@ RUNS_SINCE_DQ_CHAINS = [
     "2026-11-30-NVIDIA-H200-bwd-fa4-a2b9bbc.json",
     "2026-11-30-NVIDIA-H200-bwd-gqa-fa4-ebf9e4a.json",
     "2026-12-01-NVIDIA-H200-bwd-84595d6.json",
+    "2026-12-01-NVIDIA-H200-bwd-fa3-fa4-c4e1886.json",
+    "2026-12-01-NVIDIA-H200-bwd-long-repeat-c4e1886.json",
+    "2026-12-01-NVIDIA-H200-bwd-gqa-c4e1886.json",
 ]
 
 

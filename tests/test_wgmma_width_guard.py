@@ -2,12 +2,13 @@
 kOneWgmmaWide), compiled for sm_90a (no GPU): a 64 x 176 GEMM tile is one instruction wide only
 when CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED is defined; without it CuTe picks 64 x 16 instructions,
 which is what cost a 128 x 176 forward tile 28 % (docs/kernel-notes.md, eighth pass). The test
-proves the guard sees that fallback, and that the tiles the kernels use are one instruction wide."""
+proves the guard sees that fallback and passes the widths of dash/config.py's tiles (64, 128,
+192); the kernels' own tiles are checked where they are built (fwd_traits.h, bwd_traits.h).
+Skips when tools/check_kernels.py finds no nvcc or no CUTLASS headers."""
 
 from __future__ import annotations
 
 import importlib.util
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -43,8 +44,6 @@ def _toolchain():
         pytest.skip(str(e))
 
 
-@pytest.mark.skipif(shutil.which("nvcc") is None and not Path("/usr/local/cuda/bin/nvcc").exists(),
-                    reason="no nvcc on this machine")
 @pytest.mark.parametrize("extended", [False, True], ids=["default-shapes", "extended-shapes"])
 def test_guard_detects_the_narrow_fallback(tmp_path, extended):
     nvcc, cutlass = _toolchain()

@@ -33,7 +33,8 @@ REGS_RE = re.compile(r"Used (\d+) registers")
 
 
 def find_nvcc() -> str:
-    for cand in (os.environ.get("CUDA_HOME", "") + "/bin/nvcc", shutil.which("nvcc") or "", "/usr/local/cuda/bin/nvcc"):
+    home = os.environ.get("CUDA_HOME")
+    for cand in ((home + "/bin/nvcc") if home else "", shutil.which("nvcc") or "", "/usr/local/cuda/bin/nvcc"):
         if cand and Path(cand).exists():
             return cand
     raise SystemExit("check_kernels: nvcc not found (set CUDA_HOME)")

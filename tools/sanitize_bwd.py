@@ -50,12 +50,14 @@ def main() -> int:
                     dq, dk, dv = attention_backward(dout, q, k, v, out, lse, causal=causal, deterministic=det,
                                                     schedule=schedule)
                     torch.cuda.synchronize()
-                    # Checked on the host: a device-to-host copy of what DASH's kernels wrote is
-                    # what initcheck inspects (an element no kernel wrote is reported there).
-                    # Under GQA dk/dv are cast from DASH's fp32 accumulators by a torch kernel,
-                    # which initcheck does not instrument, so only dq is copied then.
-                    written = (dq, dk, dv) if h == hk else (dq,)
-                    ok = all(torch.isfinite(t.cpu()).all().item() for t in written)
+                    # What DASH's kernels wrote is checked on the host: initcheck inspects that
+                    # device-to-host copy (an element no kernel wrote is reported there). Under
+                    # GQA dk/dv are cast from DASH's fp32 accumulators by a torch kernel, which
+                    # initcheck does not instrument, so they are checked on the device instead.
+                    on_host = (dq, dk, dv) if h == hk else (dq,)
+                    on_device = () if h == hk else (dk, dv)
+                    ok = all(torch.isfinite(t.cpu()).all().item() for t in on_host) and \
+                        all(torch.isfinite(t).all().item() for t in on_device)
                     print(f"hdim {head_dim} b{b} sq{sq} sk{sk} h{h}/{hk} causal={causal} det={det} {schedule}: "
                           f"{'finite' if ok else 'NON-FINITE'}", flush=True)
     return 0

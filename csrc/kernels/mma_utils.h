@@ -27,11 +27,11 @@ struct PipelineState {
 };
 
 // True when one WGMMA instruction of TiledMma spans N columns. CuTe's op selectors take the
-// widest instruction whose N divides the tile's; N values that are not powers of two (80,
-// 176, ...) exist only under CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED, and without it the
-// selector silently issues N / 16 narrow instructions per K step instead (a 128 x 176
-// forward tile ran 28 % slower so, kernel notes, third and eighth passes). Every tiled GEMM
-// of the kernels asserts this.
+// widest instruction whose N divides the tile's. Without CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
+// they offer only N = 256, 192, 128, 96, 64, 32, 16, 8 (16-bit inputs), so a tile of another
+// width (80, 176, ...) silently becomes several narrower instructions per K step (176: eleven
+// 16-wide ones; a 128 x 176 forward tile ran 28 % slower so, kernel notes, third and eighth
+// passes). Every tiled GEMM of the kernels asserts this.
 template <class TiledMma, int N>
 inline constexpr bool kOneWgmmaWide = decltype(size<1>(typename TiledMma::AtomShape_MNK{}))::value == N;
 

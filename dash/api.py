@@ -17,7 +17,6 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
-from dash import _ext
 from dash.ops import resolve_deterministic, run_backward, run_forward
 from dash.validation import (
     backward_will_run,
@@ -26,6 +25,7 @@ from dash.validation import (
     describe_tensor,
     effective_causal,
     reject_unsupported_fa3_arguments,
+    require_kernels_unless_tracing,
     validate_backward_inputs,
     validate_for_launch,
 )
@@ -46,8 +46,7 @@ def attention_backward(
     reproducible; False while that global flag is on raises PyTorch's non-determinism alert."""
     validate_backward_inputs(dout, q, k, v, out, softmax_lse, softmax_scale=softmax_scale, causal=causal,
                              sm_margin=sm_margin, schedule=schedule, deterministic=deterministic)
-    if not torch.compiler.is_compiling():  # tracing runs no kernel
-        _ext.require_kernels()
+    require_kernels_unless_tracing()
     det = resolve_deterministic(deterministic, needs_grad=True)  # this call is the backward
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
     return run_backward(dout, q, k, v, out, softmax_lse, scale, causal, det, schedule, sm_margin)

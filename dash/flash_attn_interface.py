@@ -32,7 +32,6 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from dash import _ext
 from dash.api import flash_attn_func, flash_attn_qkvpacked_func, flash_attn_varlen_func
 from dash.ops import resolve_deterministic, run_backward, run_forward
 from dash.validation import (
@@ -44,6 +43,7 @@ from dash.validation import (
     contiguous_last_dim,
     effective_causal_from_sides,
     reject_unsupported_fa3_arguments,
+    require_kernels_unless_tracing,
     validate_backward_inputs,
     validate_for_launch,
 )
@@ -206,8 +206,7 @@ def _flash_attn_backward(
     for name, buffer, like, like_name in zip(("dq", "dk", "dv"), buffers, (q, k, v), ("q", "k", "v")):
         if buffer is not None:
             check_output_buffer(name, buffer, like, like_name)
-    if not torch.compiler.is_compiling():  # tracing runs no kernel
-        _ext.require_kernels()
+    require_kernels_unless_tracing()
     scale = float(softmax_scale) if softmax_scale is not None else q.shape[-1] ** -0.5
     grads = run_backward(dout, q, k, v, out, softmax_lse, scale, causal, deterministic, "auto", int(sm_margin))
     for buffer, grad in zip(buffers, grads):

@@ -49,10 +49,10 @@ def resolve_schedule(schedule: str, q: Tensor, k: Tensor, causal: bool, determin
     needs the sizes' values, so the graph is specialised on the shape (``_specialized_int``)."""
     if schedule != "auto":
         return schedule
-    device = q.device.index if q.device.type == "cuda" else -1
     if not deterministic:
         from dash.schedules.auto import nondeterministic_kernel_schedule
 
+        device = q.device.index if q.device.type == "cuda" else -1
         return nondeterministic_kernel_schedule(q.shape[1], k.shape[1], _specialized_int(q.shape[3]), bool(causal),
                                                 _grid_ctas_constant(device, int(sm_margin)))
     batch, seqlen_q, heads, head_dim = (_specialized_int(x) for x in q.shape)

@@ -423,6 +423,13 @@ def _check_traced_qkv(q: Tensor, k: Tensor, v: Tensor) -> bool:
     return tracing
 
 
+def require_kernels_unless_tracing() -> None:
+    """DASH's kernels must be loadable for a call that launches them; while torch.compile
+    traces, nothing is launched, so nothing is required."""
+    if not torch.compiler.is_compiling():
+        _ext.require_kernels()
+
+
 def validate_for_launch(q: Tensor, k: Tensor, v: Tensor, **options) -> None:
     """validate_inputs (``options`` are its keywords) for a call that is about to launch
     DASH's kernels, then require that they are loadable.
@@ -432,8 +439,7 @@ def validate_for_launch(q: Tensor, k: Tensor, v: Tensor, **options) -> None:
     the real tensors. The kernels are required only when not tracing, as tracing runs none."""
     tracing = _check_traced_qkv(q, k, v)
     validate_inputs(q, k, v, check_device=not tracing, **options)
-    if not tracing:
-        _ext.require_kernels()
+    require_kernels_unless_tracing()
 
 
 def validate_backward_inputs(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softmax_lse: Tensor,

@@ -185,7 +185,8 @@ def test_dash_bench_model_fallback_writes_nothing(tmp_path, capsys):
 # Scripts that need a GPU refuse in one line
 # ---------------------------------------------------------------------------------------
 GPU_SCRIPTS = ["benchmarks/bench_bwd.py", "tools/smoke_bwd.py", "tools/smoke_fwd.py", "tools/sanitize_bwd.py",
-               "tools/profile_bwd.py", "tools/ab_time.py"]
+               "tools/profile_bwd.py", "tools/ab_time.py", "tools/bwd_kernel_breakdown.py",
+               "tools/trace_step_periods.py"]
 
 
 def _run(script: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -215,6 +216,10 @@ def test_gpu_scripts_refuse_without_a_gpu(script, tmp_path):
     ("benchmarks/bench_bwd.py", ("--hdim", "96"), "--hdim"),
     ("benchmarks/bench_bwd.py", ("--iters", "0"), "--iters"),
     ("tools/profile_bwd.py", ("--seqlen", "0"), "--seqlen"),
+    ("tools/bwd_kernel_breakdown.py", ("--hdim", "96"), "--hdim"),
+    ("tools/bwd_kernel_breakdown.py", ("--calls", "0"), "--calls"),
+    ("tools/trace_step_periods.py", ("--seqlen", "0"), "--seqlen"),
+    ("tools/trace_step_periods.py", ("--schedule", "zigzag"), "--schedule"),
 ])
 def test_bad_sizes_are_argument_errors(script, args, option, tmp_path):
     """--seqlen 0 divided by zero in Shape.paper; now argparse refuses it, before the GPU check."""

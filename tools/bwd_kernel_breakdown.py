@@ -13,6 +13,7 @@ Modes run in rounds (every mode once per round, order rotated) as in bench.py.
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -93,6 +94,9 @@ class ClockSampler:
     def stop(self):
         if self.proc:
             self.proc.terminate()
+            self.proc.wait()
+        self.log.close()
+        os.unlink(self.log.name)
 
 
 def main() -> int:

@@ -218,6 +218,7 @@ def test_gpu_scripts_refuse_without_a_gpu(script, tmp_path):
     ("tools/profile_bwd.py", ("--seqlen", "0"), "--seqlen"),
     ("tools/bwd_kernel_breakdown.py", ("--hdim", "96"), "--hdim"),
     ("tools/bwd_kernel_breakdown.py", ("--calls", "0"), "--calls"),
+    ("tools/bwd_kernel_breakdown.py", ("--clock-seconds", "-1"), "--clock-seconds"),
     ("tools/trace_step_periods.py", ("--seqlen", "0"), "--seqlen"),
     ("tools/trace_step_periods.py", ("--schedule", "zigzag"), "--schedule"),
 ])

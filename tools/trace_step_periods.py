@@ -79,8 +79,8 @@ def main() -> int:
         for _ in range(3):  # warm-up: clocks, caches, the schedule's model cache
             attention_backward(*args, softmax_scale=s["scale"], causal=a.causal, deterministic=det, schedule=sched)
         *_, tr = trace_backward(*args, softmax_scale=s["scale"], causal=a.causal, deterministic=det, schedule=sched)
-        bm, bn = tr.problem.tile_shape
-        r = periods(tr.records, bm, bn, a.causal, a.seqlen, a.seqlen)
+        prob = tr.problem  # the traced problem: its tiles, mask and lengths, as the kernel saw them
+        r = periods(tr.records, *prob.tile_shape, prob.causal, prob.seqlen_q, prob.seqlen_k)
         r["schedule"] = tr.schedule
         results[sched] = r
         print(f"\n== {shape.label()} {'det' if det else 'non-det'} schedule {sched} -> {tr.schedule}: "

@@ -25,6 +25,8 @@ RUNS_SINCE_DQ_CHAINS = [
     "2026-12-01-NVIDIA-H200-bwd-fa3-fa4-c4e1886.json",
     "2026-12-01-NVIDIA-H200-bwd-long-repeat-c4e1886.json",
     "2026-12-01-NVIDIA-H200-bwd-gqa-c4e1886.json",
+    "2026-12-01-NVIDIA-H200-bwd-fa3-fa4-5a6888e.json",
+    "2026-12-01-NVIDIA-H200-bwd-gqa-5a6888e.json",
 ]
 
 

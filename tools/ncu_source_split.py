@@ -8,7 +8,8 @@ bookkeeping hold as many stall samples as a whole step (docs/kernel-notes.md, te
 
 Input: the SASS source page of one profiled launch as CSV, e.g.
 
-    ncu --set full --import-source yes -k regex:bwd_main -c 1 -o rep python tools/ncu_target.py dash bwd 8192 causal 64
+    ncu --profile-from-start off --clock-control none --set full -k regex:bwd_main -c 1 -o rep \
+        python tools/ncu_target.py dash bwd 8192 causal 64
     ncu --import rep.ncu-rep --page source --print-source sass --csv > source.csv   (gzip is fine)
 
     python tools/ncu_source_split.py source.csv[.gz] [--steps N --columns C --mma-warps 8] [--top 8]

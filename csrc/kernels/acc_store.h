@@ -29,16 +29,6 @@ __device__ __forceinline__ uint32_t pack2(float a, float b) {
   return *reinterpret_cast<uint32_t const*>(&out);
 }
 
-// v[idx] for a lane-dependent idx in [0, 4) without indexing registers at run time
-// (which would move the array to local memory).
-__device__ __forceinline__ uint32_t select4(uint32_t const (&v)[4], int idx) {
-  uint32_t r = v[0];
-  r = idx == 1 ? v[1] : r;
-  r = idx == 2 ? v[2] : r;
-  r = idx == 3 ? v[3] : r;
-  return r;
-}
-
 }  // namespace detail
 
 // The layout both helpers below assume: `coords` is a WGMMA accumulator partition
@@ -64,7 +54,8 @@ __device__ __forceinline__ void store_acc_rows_16B(Frag const& acc, Coords const
   constexpr int kGroups = kValues / 4;  // 8-column groups per row
   static_assert(kValues % 16 == 0, "needs a multiple of 4 column groups");
   int const lane_in_quad = threadIdx.x % 4;
-  int const quad_base = (threadIdx.x % 32) & ~3;
+  bool const upper_pair = (lane_in_quad & 2) != 0;
+  bool const odd_lane = (lane_in_quad & 1) != 0;
   int const row0 = row_offset + get<0>(coords(0));
   int const col0 = get<1>(coords(0)) - 2 * lane_in_quad;  // column of group 0 for this quad
   CUTLASS_PRAGMA_UNROLL
@@ -79,19 +70,25 @@ __device__ __forceinline__ void store_acc_rows_16B(Frag const& acc, Coords const
         int const i = 4 * (4 * block + b) + 2 * row_half;
         pairs[b] = detail::pack2<Element>(acc(i) * scale, acc(i + 1) * scale);
       }
-      // After the transpose, lane c holds group 4*block + c: element k of it (columns
-      // 2k, 2k+1) comes from quad lane k.
-      uint32_t recv[4];
+      // A 4x4 transpose among the quad's lanes (M[lane][group] -> lane c holds M[k][c] as its
+      // element k: columns 2k, 2k+1 of group 4*block + c), in two exchange stages with fixed
+      // partners (lane ^ 2, then lane ^ 1), so that every select tests one of two predicates
+      // computed once instead of a lane-dependent index (a dynamic-index select costs three
+      // compares and three selects per word; the dK/dV epilogue ran 985 instructions per
+      // column, kernel notes, tenth pass).
+      uint32_t seg[4] = {pairs[0], pairs[1], pairs[2], pairs[3]};
       CUTLASS_PRAGMA_UNROLL
-      for (int s = 0; s < 4; ++s) {
-        // Lane c sends its pair of group (c + s) % 4 to lane (c + s) % 4 and receives from
-        // lane (c - s) % 4 that lane's pair of group c.
-        uint32_t const send = detail::select4(pairs, (lane_in_quad + s) & 3);
-        recv[s] = __shfl_sync(0xffffffff, send, quad_base + ((lane_in_quad - s) & 3));
+      for (int j = 0; j < 2; ++j) {  // lanes c < 2 keep groups {0,1}, lanes c >= 2 groups {2,3}
+        uint32_t const got = __shfl_xor_sync(0xffffffff, upper_pair ? seg[j] : seg[j + 2], 2);
+        seg[j] = upper_pair ? got : seg[j];
+        seg[j + 2] = upper_pair ? seg[j + 2] : got;
       }
-      uint32_t seg[4];
       CUTLASS_PRAGMA_UNROLL
-      for (int k = 0; k < 4; ++k) { seg[k] = detail::select4(recv, (lane_in_quad - k) & 3); }
+      for (int i = 0; i < 2; ++i) {  // then swap within each pair of lanes
+        uint32_t const got = __shfl_xor_sync(0xffffffff, odd_lane ? seg[2 * i] : seg[2 * i + 1], 1);
+        seg[2 * i] = odd_lane ? got : seg[2 * i];
+        seg[2 * i + 1] = odd_lane ? seg[2 * i + 1] : got;
+      }
       if (row < row_limit) {
         int const col = col0 + 8 * (4 * block + lane_in_quad);
         *reinterpret_cast<uint4*>(base + int64_t(row) * row_stride + col) = make_uint4(seg[0], seg[1], seg[2], seg[3]);

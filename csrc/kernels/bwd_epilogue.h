@@ -80,8 +80,7 @@ struct BwdEpilogue {
       for (int w = 0; w < NumMmaWarpGroups; ++w) { ptx::named_arrive(dq_empty_barrier(w, writer), kBarThreads); }
     }
     int g0 = 0;  // the CTA's steps before the current column
-    for_each_scheduled_item(params.schedule, ss.work, [&](int item) {
-      ColumnCoord const col = sched.column(item);
+    for_each_scheduled_column(params.schedule, ss.work, [&](ColumnCoord const& col) {
       int const num_steps = sched.num_steps(col);
       // Q tile (b, h, m) is tile number bh * M + m of dQaccum and of the semaphores. 32-bit
       // indices, not pointers, keep this warp within its 24 registers (launch checks the range).

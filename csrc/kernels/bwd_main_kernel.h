@@ -105,12 +105,15 @@ struct BwdMainKernel {
     int const num_columns = sched.num_columns();
     int item = sched.item(blockIdx.x, 0);
     for (int k = 0;; ++k) {
-      if constexpr (Schedule::kClaimed) {
-        ss.work.publish(k, item);
+      if (item >= num_columns) {
+        if constexpr (Schedule::kClaimed) { ss.work.publish(k, ScheduledColumn{item}); }
+        break;
       }
-      if (item >= num_columns) { break; }
-
       ColumnCoord const col = sched.column(item);
+      if constexpr (Schedule::kClaimed) {
+        ss.work.publish(k, ScheduledColumn{item, col.n, col.h, col.b});
+      }
+
       int const num_steps = sched.num_steps(col);
       if (num_steps > 0) {
         load_column(params, ss, col, num_steps, stage, kv_phase, tQsQ, tdOsdO, tKsK, tVsV, mQ_all, mdO_all, mK_all,
@@ -239,8 +242,7 @@ struct BwdMainKernel {
     uint32_t kv_phase = 0;
     int const seqlen_q = geo.seqlen_q, seqlen_k = geo.seqlen_k;
 
-    for_each_scheduled_item(params.schedule, ss.work, [&](int item) {
-      ColumnCoord const col = sched.column(item);
+    for_each_scheduled_column(params.schedule, ss.work, [&](ColumnCoord const& col) {
       int const num_steps = sched.num_steps(col);
 
       Tensor tdKrdK = partition_fragment_C(tiled_mma_dKV, Shape<Int<kBlockN>, Int<kHeadDim>>{});

@@ -150,7 +150,7 @@ struct BwdTraits {
     uint64_t bar_q_empty[kStagesQ];
     uint64_t bar_do_full[kStagesdO];
     uint64_t bar_do_empty[kStagesdO];
-    WorkRing work;  // producer -> MMA warpgroups + dQ writers: the CTA's next column
+    WorkRingT<ScheduledColumn> work;  // producer -> MMA warpgroups + dQ writers: the CTA's next column
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= 227 * 1024, "shared storage exceeds the sm_90 per-block limit");

@@ -10,10 +10,11 @@
 
 namespace dash {
 
-struct WorkRing {
+template <class Payload>
+struct WorkRingT {
   uint64_t full[2];
   uint64_t empty[2];
-  int item[2];
+  Payload item[2];
 
   // One elected thread, before the CTA-wide barrier that follows barrier initialisation.
   __device__ __forceinline__ void init(uint32_t num_consumers) {
@@ -24,7 +25,7 @@ struct WorkRing {
   }
 
   // Producer: the CTA's k-th item (the mbarrier arrive releases the st.shared).
-  __device__ __forceinline__ void publish(int k, int value) {
+  __device__ __forceinline__ void publish(int k, Payload const& value) {
     int const slot = k & 1;
     ptx::mbar_wait(&empty[slot], ((k >> 1) & 1) ^ 1);
     item[slot] = value;
@@ -32,29 +33,32 @@ struct WorkRing {
   }
 
   // Consumer: the CTA's k-th item; every consumer thread calls it once per k.
-  __device__ __forceinline__ int receive(int k) {
+  __device__ __forceinline__ Payload receive(int k) {
     int const slot = k & 1;
     ptx::mbar_wait(&full[slot], (k >> 1) & 1);
-    int const value = item[slot];
+    Payload const value = item[slot];
     ptx::mbar_arrive(&empty[slot]);
     return value;
   }
 };
 
-// Runs body(item) for every work item of this CTA, in order: claimed schedules read them
-// from the producer's ring, static ones step through their fixed list (no ring, no state
+using WorkRing = WorkRingT<int>;  // the forward's: a Q tile's index
+
+// Runs body(col) for every column of this CTA, in order: claimed schedules read them from the
+// producer's ring (item and coordinates: the producer divides the item into its column once,
+// for all consumer threads), static ones step through their fixed list (no ring, no state
 // beyond the item itself). Every consumer role of the backward walks its columns this way.
-template <class Schedule, class Body>
-__device__ __forceinline__ void for_each_scheduled_item(Schedule const& sched, WorkRing& ring, Body&& body) {
+template <class Schedule, class Column, class Body>
+__device__ __forceinline__ void for_each_scheduled_column(Schedule const& sched, WorkRingT<Column>& ring, Body&& body) {
   if constexpr (Schedule::kClaimed) {
     for (int k = 0;; ++k) {
-      int const item = ring.receive(k);  // >= num_columns: the CTA is done
-      if (item >= sched.num_columns()) { break; }
-      body(item);
+      Column const c = ring.receive(k);  // item >= num_columns: the CTA is done
+      if (c.item >= sched.num_columns()) { break; }
+      body(c.col());
     }
   } else {
     for (int item = sched.item(blockIdx.x, 0); item < sched.num_columns(); item = sched.next_item(item)) {
-      body(item);
+      body(sched.column(item));
     }
   }
 }

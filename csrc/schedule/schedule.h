@@ -115,6 +115,21 @@ struct ColumnCoord {
   int width = 1;   // shift: the head's columns in this wave
 };
 
+// A claimed work item as the producer hands it to the consumer roles: its index (>= the
+// number of columns: no more work) and, when it is one, its column (claimed schedules use
+// n, h and b only).
+struct ScheduledColumn {
+  int item = 0;
+  int n = 0, h = 0, b = 0;
+  DASH_HOST_DEVICE ColumnCoord col() const {
+    ColumnCoord c;
+    c.n = n;
+    c.h = h;
+    c.b = b;
+    return c;
+  }
+};
+
 // A schedule is a policy type the kernel is templated on. It provides:
 //   TileGeometry geo;                        the tile ranges it schedules
 //   int num_columns() const;                 work items (columns) in the problem

@@ -20,7 +20,6 @@ steps (one warp) or columns (one warp) are named so. Needs no GPU.
 
 from __future__ import annotations
 
-import argparse
 import collections
 import csv
 import gzip
@@ -28,6 +27,9 @@ import io
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from dash.cli import OneLineErrorParser, positive_int  # noqa: E402  (no torch import)
 
 SAMPLES = "Warp Stall Sampling (All Samples)"
 EXECUTED = "Instructions Executed"
@@ -103,17 +105,13 @@ def names(steps: int | None, columns: int | None, mma_warps: int) -> dict[int, s
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = OneLineErrorParser(prog="ncu_source_split.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("csv", type=Path, help="ncu source page as CSV (plain or gzip)")
-    ap.add_argument("--steps", type=int, default=None, help="the launch's steps (Q tiles visited, all columns)")
-    ap.add_argument("--columns", type=int, default=None, help="the launch's columns (work items)")
-    ap.add_argument("--mma-warps", type=int, default=8, help="MMA warps per CTA (default 8)")
-    ap.add_argument("--top", type=int, default=8, help="groups to print (default 8)")
+    ap.add_argument("--steps", type=positive_int, default=None, help="the launch's steps (Q tiles visited, all columns)")
+    ap.add_argument("--columns", type=positive_int, default=None, help="the launch's columns (work items)")
+    ap.add_argument("--mma-warps", type=positive_int, default=8, help="MMA warps per CTA (default 8)")
+    ap.add_argument("--top", type=positive_int, default=8, help="groups to print (default 8)")
     args = ap.parse_args(argv)
-    for name in ("steps", "columns", "mma_warps", "top"):
-        v = getattr(args, name)
-        if v is not None and v < 1:
-            ap.error(f"argument --{name.replace('_', '-')}: must be >= 1, got {v}")
     try:
         groups, total = split(read_rows(args.csv))
     except (OSError, ValueError, UnicodeDecodeError) as e:

@@ -9,7 +9,8 @@ Modes (dash.bench.available_modes): DASH's kernels alone — non-deterministic (
 order), deterministic per kernel schedule (fa3, interleaved, descending, shift) and auto; the
 path users call — flash_attn_func + torch.autograd.grad, deterministic (auto) and not; torch
 cuDNN and flash SDPA backward; upstream FA3 and FA4 (deterministic and not, through their own
-forward) when importable. Prints TFLOP/s and the ratio to torch cuDNN (measured in the same
+forward) when importable; opt-in (named with --modes): DASH non-deterministic per schedule
+(dash_nondet_interleaved, _descending, _shift). Prints TFLOP/s and the ratio to torch cuDNN (measured in the same
 run), the paired ratios the targets are stated in, the model's ranking of the schedules
 against the measured one, and writes benchmarks/results/<date>-<gpu>-<tag>.json (-2, -3, ...
 added when a run of the same day has that name: a subset run never replaces the full grid).
@@ -63,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--causal", action="store_true", help="only causal rows")
     p.add_argument("--full", action="store_true", help="only full-mask rows")
     p.add_argument("--seqlen", type=positive_int, nargs="*", default=list(bench.PAPER_SEQLENS))
-    p.add_argument("--modes", nargs="*", default=None, help="subset of modes (default: all available)")
+    p.add_argument("--modes", nargs="*", default=None, help="modes to run (default: all available but the opt-in ones)")
     p.add_argument("--iters", type=positive_int, default=12, help="timed rounds (default 12)")
     p.add_argument("--burst", type=positive_int, default=3,
                    help="back-to-back calls per mode per round (default 3); 1 = one synced call per sample, "
@@ -84,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         shapes = [bench.Shape.paper(s, hd, c) for hd in args.hdim for c in masks for s in args.seqlen]
     tag = args.tag or ("bwd-gqa" if args.gqa else "bwd")
-    modes = args.modes or list(bench.available_modes())
+    modes = args.modes or bench.default_modes()
     import torch
 
     print(f"{torch.cuda.get_device_name(0)}; median of {args.iters} rounds of {args.burst} back-to-back calls per mode "

@@ -294,6 +294,11 @@ def available_modes() -> dict[str, Callable[[dict], tuple]]:
     }
     for sched in KERNEL_SCHEDULE_MODES:
         modes[f"dash_{sched}_det"] = _dash_backward(True, sched)
+    # Opt-in (OPT_IN_MODES): every kernel schedule without determinism, for choosing
+    # non-deterministic auto's rule; name them with --modes.
+    for sched in KERNEL_SCHEDULE_MODES:
+        if sched != "fa3":
+            modes[f"dash_nondet_{sched}"] = _dash_backward(False, sched)
     modes["user_dash_auto_det"] = _dash_user_path(True, "auto")
     modes["user_dash_nondet"] = _dash_user_path(False, "auto")
     modes["torch_cudnn"] = _torch_sdpa_backward(SDPBackend.CUDNN_ATTENTION)
@@ -301,6 +306,15 @@ def available_modes() -> dict[str, Callable[[dict], tuple]]:
     modes.update(_fa3_modes())
     modes.update(_fa4_modes())
     return modes
+
+
+#: Modes that run only when named (``run_rows(modes=...)``, ``bench_bwd.py --modes``).
+OPT_IN_MODES: frozenset[str] = frozenset(f"dash_nondet_{s}" for s in KERNEL_SCHEDULE_MODES if s != "fa3")
+
+
+def default_modes(all_modes: Optional[dict] = None) -> list[str]:
+    """The modes a run without ``modes`` measures: every available one but ``OPT_IN_MODES``."""
+    return [m for m in (all_modes if all_modes is not None else available_modes()) if m not in OPT_IN_MODES]
 
 
 def is_deterministic_mode(name: str) -> bool:
@@ -319,7 +333,7 @@ def mode_applies(name: str, shape: Shape) -> bool:
     """Whether a mode is defined for a shape: the shift schedule exists for full masks only
     (DASH refuses it under a causal mask), so its column is left empty on causal rows rather
     than recorded as an error."""
-    return not (shape.causal and name == "dash_shift_det")
+    return not (shape.causal and name in ("dash_shift_det", "dash_nondet_shift"))
 
 
 def run_rows(shapes: list[Shape], modes: Optional[list[str]] = None, warmup: int = 5, iters: int = 20,
@@ -327,7 +341,7 @@ def run_rows(shapes: list[Shape], modes: Optional[list[str]] = None, warmup: int
              burst: int = 3) -> list[Row]:
     device = torch.device("cuda")
     all_modes = available_modes()
-    chosen = {m: all_modes[m] for m in (modes or list(all_modes)) if m in all_modes}
+    chosen = {m: all_modes[m] for m in (modes or default_modes(all_modes)) if m in all_modes}
     rows = []
     for shape in shapes:
         sets = make_input_sets(shape, n_sets, device)

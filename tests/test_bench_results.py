@@ -298,3 +298,18 @@ def test_modes_not_defined_for_a_shape_are_skipped_not_errors():
     row.errors = {"fa4_det": "ImportError: no"}
     cells = format_row(row, ["dash_auto_det", "dash_shift_det", "fa4_det", "torch_cudnn"]).split()
     assert cells[-6:] == [cells[-6], "1.25x", "-", "err", cells[-2], "1.00x"], cells
+
+
+def test_nondeterministic_per_schedule_modes_are_opt_in():
+    """The non-deterministic column per schedule exists (for choosing non-deterministic auto's
+    rule) but a default run leaves it out, and shift's is undefined under a causal mask."""
+    from dash import bench
+    from dash.config import KERNEL_SCHEDULES
+
+    names = bench.available_modes()
+    assert {f"dash_nondet_{s}" for s in KERNEL_SCHEDULES if s != "fa3"} == set(bench.OPT_IN_MODES) <= set(names)
+    default = bench.default_modes()
+    assert not set(default) & bench.OPT_IN_MODES
+    assert {"dash_nondet", "dash_nondet_fa3", "dash_auto_det", "torch_cudnn"} <= set(default)
+    causal = bench.Shape.paper(2048, 64, True)
+    assert not bench.mode_applies("dash_nondet_shift", causal) and bench.mode_applies("dash_nondet_descending", causal)

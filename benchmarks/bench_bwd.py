@@ -105,8 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     ranking = bench.model_ranking_agreement(rows)
     payload["model_ranking"] = ranking
     if ranking["rows"]:
-        print(f"  model vs measured, portable schedules: best schedule agrees on {ranking['best_agrees']} of "
-              f"{ranking['rows']} rows; auto within 1 % / 3 % of the measured best on "
+        print(f"  model vs measured, portable schedules: auto's pick is the measured best on {ranking['best_agrees']} of "
+              f"{ranking['rows']} rows, the measured best is among the model's first rank (exact ties) on "
+              f"{ranking['best_in_model_top']}; auto within 1 % / 3 % of the measured best on "
               f"{ranking['auto_within_1pct']} / {ranking['auto_within_3pct']} rows "
               f"(worst auto / best {ranking['worst_auto_vs_best']:.3f})")
     for row in rows:

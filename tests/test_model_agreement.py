@@ -55,6 +55,29 @@ def test_agreement_counts_are_consistent():
     assert res["auto_within_1pct"] == sum(x >= 0.99 for x in ratios)
     assert res["best_agrees"] <= res["auto_within_1pct"] <= res["auto_within_3pct"] == len(ratios)
     assert res["worst_auto_vs_best"] == pytest.approx(min(ratios))
+    # The first rank holds auto's pick and every schedule the model gives exactly its makespan.
+    assert all(r["model_pick"] in r["model_top"] for r in res["per_row"])
+    assert res["best_in_model_top"] == sum(r["measured_best"] in r["model_top"] for r in res["per_row"])
+    assert res["best_agrees"] <= res["best_in_model_top"] <= res["rows"]
+
+
+def test_first_rank_ties_are_exact_model_ties():
+    """``interleaved`` and ``descending`` under a full mask are mirror images (one visits a
+    column's Q tiles from the first, the other from the last, both in ascending turns): the
+    model gives them the same makespan, so both are in its first rank where either is; a causal
+    row, where they differ, has a single schedule there unless the makespans are equal."""
+    from dash.schedules.auto import AUTO_REFERENCE_CTAS, rank_kernel_schedules
+
+    res = _tool().agreement_for_file(RESULTS / RUNS_SINCE_DQ_CHAINS[-2])
+    for r in res["per_row"]:
+        hd, mask, s, b, h = r["shape"].split()[:5]  # e.g. "hd64 full s512 b32 h32"
+        seqlen, heads = int(s[1:]), int(h[1:])
+        ranked = dict(rank_kernel_schedules(int(b[1:]), heads, heads, seqlen, seqlen, int(hd[2:]), mask == "causal",
+                                            AUTO_REFERENCE_CTAS))
+        best = min(ranked.values())
+        assert r["model_top"] == sorted(n for n, t in ranked.items() if t == best), r
+        if mask == "full" and "interleaved" in r["model_top"]:
+            assert "descending" in r["model_top"]
 
 
 def test_cli_runs_on_stored_results(capsys):

@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", action="store_true", help="print every row")
     args = ap.parse_args(argv)
     files = args.files or sorted((ROOT / "benchmarks" / "results").glob("*bwd*.json"))
-    total = {"rows": 0, "best_agrees": 0, "auto_within_1pct": 0, "auto_within_3pct": 0}
+    total = {"rows": 0, "best_agrees": 0, "best_in_model_top": 0, "auto_within_1pct": 0, "auto_within_3pct": 0}
     worst = 1.0
     for f in files:
         res = agreement_for_file(f, args.sms)
@@ -58,18 +58,20 @@ def main(argv: list[str] | None = None) -> int:
             total[k] += res[k]
         worst = min(worst, res["worst_auto_vs_best"])
         print(f"{f.name} (kernels {str(res['commit'])[:7]}, {str(res['date'])[:16]}): {res['rows']} rows, "
-              f"pick = measured best {res['best_agrees']}, within 1 % {res['auto_within_1pct']}, "
+              f"pick = measured best {res['best_agrees']}, measured best in the model's first rank "
+              f"{res['best_in_model_top']}, within 1 % {res['auto_within_1pct']}, "
               f"within 3 % {res['auto_within_3pct']}, worst pick / best {res['worst_auto_vs_best']:.3f}")
         if args.rows:
             for r in res["per_row"]:
                 best = min(r["measured_ms"].values())
                 rel = " ".join(f"{k}={best / v:.3f}" for k, v in r["measured_ms"].items())
                 print(f"    {r['shape']:<32} best {r['measured_best']:<11} pick {r['model_pick']:<11} "
-                      f"{r['pick_vs_best']:.3f}   {rel}")
+                      f"{r['pick_vs_best']:.3f}   {rel}   model's first rank: {'/'.join(r['model_top'])}")
     if not total["rows"]:
         print("no results file with the portable schedules' columns")
         return 1
-    print(f"all: {total['rows']} rows, pick = measured best {total['best_agrees']}, within 1 % "
+    print(f"all: {total['rows']} rows, pick = measured best {total['best_agrees']}, measured best in the model's "
+          f"first rank {total['best_in_model_top']}, within 1 % "
           f"{total['auto_within_1pct']}, within 3 % {total['auto_within_3pct']}, worst pick / best {worst:.3f}")
     return 0
 

@@ -29,6 +29,8 @@ from dash import bench  # noqa: E402
 def agreement_for_file(path: Path, sms: int | None = None) -> dict | None:
     """``bench.model_ranking_agreement`` of a stored results file (None: no schedule columns)."""
     payload = json.loads(path.read_text())
+    if not all(isinstance(r, dict) and isinstance(r.get("shape"), dict) for r in payload.get("rows", [None])):
+        return None  # not a bench_bwd.py results file (e.g. tools/bwd_kernel_breakdown.py's)
     env = payload.get("environment", {})
     rows = bench.rows_from_results(payload)
     res = bench.model_ranking_agreement(rows, sms or int(env.get("sm_count") or 132))

@@ -148,6 +148,21 @@ def kernel_pipeline_depth(head_dim: int, causal: bool) -> int:
     return _kernel_table_value(head_dim, causal, "dq_stages")
 
 
+#: Deterministic causal rows with at most this many queries and keys run ``fa3``'s order
+#: (shortest columns first, column-fastest claims) without asking the model. There the model
+#: ranks ``descending`` first (by 5-7 % at hdim 64 512 / 1k) but every H200 grid measured
+#: ``fa3`` fastest at hdim 64 causal 512 and 1k: by 1.1-2.1 % on the kernels of c4e1886 and
+#: 5a6888e, by 6.0-6.4 % since the column-overhead change 790b8cf
+#: (benchmarks/results/2026-12-01-NVIDIA-H200-bwd-fa3-fa4-790b8cf.json); at hdim 128 causal
+#: 512 / 1k ``fa3`` was the fastest or within 0.8 % of it. Traces of 790b8cf at hdim 64 causal
+#: 1k (benchmarks/results/traces/*-790b8cf.json) show where: the same kernel's steps cost
+#: 2.56 µs in ``descending``'s order and 2.30 µs in ``fa3``'s (fitted per trace), while the
+#: model prices a step the same under every order; what makes the steps of short columns
+#: visited from the last tile dearer (the L2-section claims? every column's first add landing
+#: on the same dQ tile?) is not modelled. A function of the shape only: the bits stay the
+#: same on every grid.
+SHORT_CAUSAL_FA3_MAX_SEQLEN = 1024
+
 #: The grid deterministic ``auto`` ranks for, whatever grid the kernel is launched on: the
 #: choice must be a function of the shape alone. Each portable schedule's bits are the same
 #: on any grid, but two schedules' bits differ (other Q-tile and add orders), so a choice
@@ -162,7 +177,8 @@ def choose_kernel_schedule(batch: int, heads: int, heads_kv: int, seqlen_q: int,
                            causal: bool, ctas: int, deterministic: bool = True) -> str:
     """``schedule="auto"``: the portable kernel schedule the calibrated model finds fastest.
 
-    Deterministic: ranks ``kernel_candidates(causal)`` (ties: the earlier name) for a grid of
+    Deterministic: short causal rows (``SHORT_CAUSAL_FA3_MAX_SEQLEN``) take ``fa3``'s order;
+    otherwise ranks ``kernel_candidates(causal)`` (ties: the earlier name) for a grid of
     ``AUTO_REFERENCE_CTAS`` CTAs whatever ``ctas`` is, so that the choice, and with it the
     bits, are the same on every Hopper part and with any ``sm_margin``; on at most
     ``AUTO_MAX_WAVES`` waves of the grid's columns, with the full problem's L2 sections, the
@@ -194,6 +210,8 @@ def choose_kernel_schedule(batch: int, heads: int, heads_kv: int, seqlen_q: int,
     """
     if not deterministic:
         return nondeterministic_kernel_schedule(seqlen_q, seqlen_k, head_dim, causal, ctas)
+    if causal and max(seqlen_q, seqlen_k) <= SHORT_CAUSAL_FA3_MAX_SEQLEN:
+        return "fa3"
     ranked = rank_kernel_schedules(batch, heads, heads_kv, seqlen_q, seqlen_k, head_dim, causal, AUTO_REFERENCE_CTAS)
     return ranked[0][0] if ranked else "fa3"
 

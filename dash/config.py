@@ -56,6 +56,13 @@ class BwdTileConfig:
     # (m, n) only, so the bits stay independent of the CTA count; a contribution waits for
     # turn t - dq_chains instead of t - 1. Costs (dq_chains - 1) more fp32 dQ workspaces.
     dq_chains: int = 1
+    # Every exp2_fma_every-th exponential of a step's P = exp2(S * scale - LSE) (by register
+    # index, a fixed pattern) is computed on the FMA pipe (a polynomial, detail::exp2_fma)
+    # instead of MUFU; 0: all on MUFU. MUFU issues a warp's exponential in 8 cycles, so a
+    # step's 64 (hdim 64) exponentials per thread queue behind the S^T GEMM while the FMA pipe
+    # idles. Measured on the H200 (docs/kernel-notes.md, eleventh pass): every 4th, backward
+    # +2.1 % non-det, +1.9 % det (hdim 64 full det 8k +6.3 %); every 2nd -1.4 %.
+    exp2_fma_every: int = 0
     note: str = ""
 
     def __post_init__(self) -> None:
@@ -69,6 +76,8 @@ class BwdTileConfig:
             raise ValueError(f"dq_stages={self.dq_stages} must be 1 or 2 (the dQ writers alternate by step parity)")
         if self.dq_chains not in (1, 2, 4):
             raise ValueError(f"dq_chains={self.dq_chains} must be 1, 2 or 4")
+        if self.exp2_fma_every == 1 or self.exp2_fma_every < 0:
+            raise ValueError(f"exp2_fma_every={self.exp2_fma_every} must be 0 (all on MUFU) or >= 2")
 
     @property
     def dq_split_rows(self) -> bool:
@@ -101,10 +110,10 @@ BWD_TILE_CONFIGS: tuple[BwdTileConfig, ...] = (
     # Causal masks use two dQ chains (measured: +3-4 % deterministic at 4k-16k); full masks
     # one (two cost 2-3 %: the second fp32 copy doubles the adds' L2 footprint and the convert's
     # reads, and full-mask orders barely wait). docs/kernel-notes.md, fourth pass.
-    BwdTileConfig(64, False, 128, 128, 2, 2, 2, 2, 1, 1, note="FA3's hdim-64 tile; ~193 KB smem"),
-    BwdTileConfig(64, True, 128, 128, 2, 2, 2, 2, 1, 2, note="FA3's hdim-64 tile; ~193 KB smem"),
-    BwdTileConfig(128, False, 64, 128, 2, 2, 2, 2, 1, 1, note="64x128 as FA3 causal; 80x128 not yet measured"),
-    BwdTileConfig(128, True, 64, 128, 2, 2, 2, 2, 1, 2, note="FA3's causal hdim-128 tile; ~193 KB smem"),
+    BwdTileConfig(64, False, 128, 128, 2, 2, 2, 2, 1, 1, 4, note="FA3's hdim-64 tile; ~193 KB smem"),
+    BwdTileConfig(64, True, 128, 128, 2, 2, 2, 2, 1, 2, 4, note="FA3's hdim-64 tile; ~193 KB smem"),
+    BwdTileConfig(128, False, 64, 128, 2, 2, 2, 2, 1, 1, 4, note="64x128 as FA3 causal; 80x128 not yet measured"),
+    BwdTileConfig(128, True, 64, 128, 2, 2, 2, 2, 1, 2, 4, note="FA3's causal hdim-128 tile; ~193 KB smem"),
 )
 
 @dataclass(frozen=True)
@@ -230,6 +239,7 @@ def render_cpp_header() -> str:
             f"  static constexpr int kStagesdS = {cfg.ds_stages};",
             f"  static constexpr int kStagesdQ = {cfg.dq_stages};",
             f"  static constexpr int kdQChains = {cfg.dq_chains};",
+            f"  static constexpr int kExp2FmaEvery = {cfg.exp2_fma_every};",
             f"  static constexpr bool dQ_split_rows = {'true' if cfg.dq_split_rows else 'false'};",
             "};",
             "",

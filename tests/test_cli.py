@@ -506,6 +506,10 @@ def test_tile_config_invariants_are_enforced():
         C.BwdTileConfig(64, False, 128, 128, 2, 2, 2, 2, 3)
     with pytest.raises(ValueError, match="dq_chains=3 must be 1, 2 or 4"):
         C.BwdTileConfig(64, False, 128, 128, 2, 2, 2, 2, 1, 3)
+    for every in (1, -4):
+        with pytest.raises(ValueError, match=f"exp2_fma_every={every} must be 0"):
+            C.BwdTileConfig(64, False, 128, 128, 2, 2, 2, 2, 1, 1, every)
+    assert C.BwdTileConfig(64, False, 128, 128, 2, 2, 2, 2, 1, 1, 0).exp2_fma_every == 0
 
 
 def test_check_table_rejects_bad_tables():
@@ -548,6 +552,7 @@ def test_render_cpp_header_has_every_config():
             "kStagesdS": _cpp(cfg.ds_stages),
             "kStagesdQ": _cpp(cfg.dq_stages),
             "kdQChains": _cpp(cfg.dq_chains),
+            "kExp2FmaEvery": _cpp(cfg.exp2_fma_every),
             "dQ_split_rows": _cpp(cfg.dq_split_rows),
         }
     dims = ", ".join(map(str, C.SUPPORTED_HEAD_DIMS))

@@ -279,10 +279,11 @@ struct BwdMainKernel {
             if (masked) { tSrS(i) = -INFINITY; }
           }
         }
-        // P^T = exp2(S^T * scale * log2(e) - LSE_log2[query]).
+        // P^T = exp2(S^T * scale * log2(e) - LSE_log2[query]), every kExp2FmaEvery-th on the FMA pipe.
         CUTLASS_PRAGMA_UNROLL
         for (int i = 0; i < size(tSrS); ++i) {
-          tSrS(i) = detail::exp2_approx(fmaf(tSrS(i), params.softmax_scale_log2, -sLSE[get<1>(tScS(i))]));
+          tSrS(i) = detail::exp2_split<Traits::kExp2FmaEvery>(
+              fmaf(tSrS(i), params.softmax_scale_log2, -sLSE[get<1>(tScS(i))]), i);
         }
         warpgroup_wait<0>();  // dP^T ready
         if (step == num_steps - 1) { ptx::mbar_arrive(&ss.bar_v_empty); }  // last read of this column's V

@@ -35,6 +35,7 @@ struct BwdTraits {
   static constexpr int kStagesdO = Config::kStagesdO;
   static constexpr int kStagesdS = Config::kStagesdS;
   static constexpr int kStagesdQ = Config::kStagesdQ;
+  static constexpr int kExp2FmaEvery = Config::kExp2FmaEvery;  // see BwdTileConfig.exp2_fma_every
   static constexpr int kdQChains = Config::kdQChains;  // deterministic dQ accumulation chains
   static constexpr bool dQ_split_rows = Config::dQ_split_rows;
 

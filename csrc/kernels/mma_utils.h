@@ -1,6 +1,6 @@
 // Building blocks the forward and backward mainloops share: WGMMA issue of one tiled GEMM,
-// the accumulator -> register-A reinterpretation, the MUFU exp2, and the position of a
-// pipeline (stage index + the parity of its current use).
+// the accumulator -> register-A reinterpretation, the MUFU exp2 and its FMA-pipe twin, and
+// the position of a pipeline (stage index + the parity of its current use).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -42,6 +42,32 @@ __device__ __forceinline__ float exp2_approx(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
+}
+
+// 2^x on the FMA and integer pipes instead of MUFU, for softmax exponents x <= 0 (-inf, and
+// anything below -127, gives +0 as ex2.approx.ftz does): x = j + f with j = round(x) through
+// the 1.5 * 2^23 shifter (exact: x - j is representable), 2^f on [-0.5, 0.5] by a degree-3
+// polynomial (minimax in relative error with the constant term 1: 1.0e-4, a twentieth of a
+// bf16 ulp; P and dS are rounded to bf16/fp16 for their GEMMs), j added to the exponent
+// field. At x = -127 the polynomial is exactly 1 and the sum of the bit patterns wraps to +0.
+// 9 instructions instead of one MUFU.EX2, which a warp occupies for 8 cycles.
+__device__ __forceinline__ float exp2_fma(float x) {
+  x = fmaxf(x, -127.f);
+  float const shifter = 12582912.f;  // 1.5 * 2^23: x + shifter keeps round(x) in the low mantissa bits
+  float const t = x + shifter;
+  float const f = x - (t - shifter);
+  float const p = fmaf(fmaf(fmaf(0.05500858f, f, 0.24221037f), f, 0.6932829f), f, 1.f);
+  return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));  // t's bits << 23 = j << 23
+}
+
+// Exponential i of an unrolled loop (i a compile-time constant there): on the FMA pipe when
+// it is the last of each group of Every (Every = 0: always MUFU), so that both pipes work.
+template <int Every>
+__device__ __forceinline__ float exp2_split(float x, int i) {
+  if constexpr (Every > 0) {
+    if (i % Every == Every - 1) { return exp2_fma(x); }
+  }
+  return exp2_approx(x);
 }
 
 // Issue the WGMMAs of one tiled GEMM over all K blocks as one commit group.

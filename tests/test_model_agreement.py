@@ -28,6 +28,7 @@ RUNS_SINCE_DQ_CHAINS = [
     "2026-12-01-NVIDIA-H200-bwd-fa3-fa4-5a6888e.json",
     "2026-12-01-NVIDIA-H200-bwd-gqa-5a6888e.json",
     "2026-12-01-NVIDIA-H200-bwd-fa3-fa4-790b8cf.json",
+    "2026-12-01-NVIDIA-H200-bwd-fa3-fa4-2b7cf51.json",
 ]
 
 
@@ -50,7 +51,7 @@ def test_auto_within_3pct_of_measured_best(name):
 
 def test_agreement_counts_are_consistent():
     """The counts follow from the per-row ratios (strict <= within 1 % <= within 3 %)."""
-    res = _tool().agreement_for_file(RESULTS / RUNS_SINCE_DQ_CHAINS[-3])
+    res = _tool().agreement_for_file(RESULTS / RUNS_SINCE_DQ_CHAINS[-4])
     ratios = [r["pick_vs_best"] for r in res["per_row"]]
     assert res["best_agrees"] == sum(r["model_pick"] == r["measured_best"] for r in res["per_row"])
     assert res["auto_within_1pct"] == sum(x >= 0.99 for x in ratios)
@@ -75,7 +76,7 @@ def test_first_rank_ties_are_exact_model_ties():
     row, where they differ, has a single schedule there unless the makespans are equal."""
     from dash.schedules.auto import AUTO_REFERENCE_CTAS, rank_kernel_schedules
 
-    res = _tool().agreement_for_file(RESULTS / RUNS_SINCE_DQ_CHAINS[-1])
+    res = _tool().agreement_for_file(RESULTS / RUNS_SINCE_DQ_CHAINS[-2])
     for r in res["per_row"]:
         hd, mask, s, b, h = r["shape"].split()[:5]  # e.g. "hd64 full s512 b32 h32"
         seqlen, heads = int(s[1:]), int(h[1:])

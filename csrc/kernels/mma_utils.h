@@ -50,7 +50,9 @@ __device__ __forceinline__ float exp2_approx(float x) {
 // polynomial (minimax in relative error with the constant term 1: 1.0e-4, a twentieth of a
 // bf16 ulp; P and dS are rounded to bf16/fp16 for their GEMMs), j added to the exponent
 // field. At x = -127 the polynomial is exactly 1 and the sum of the bit patterns wraps to +0.
-// 9 instructions instead of one MUFU.EX2, which a warp occupies for 8 cycles.
+// A NaN exponent gives +0 here (fmaxf drops it) where MUFU gives NaN; the NaN still reaches
+// the gradients through the lanes on MUFU and through dP. 9 instructions instead of one
+// MUFU.EX2, which a warp occupies for 8 cycles.
 __device__ __forceinline__ float exp2_fma(float x) {
   x = fmaxf(x, -127.f);
   float const shifter = 12582912.f;  // 1.5 * 2^23: x + shifter keeps round(x) in the low mantissa bits

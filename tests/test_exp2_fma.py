@@ -73,6 +73,9 @@ def test_masked_scores_give_exact_zero_and_zero_gives_one():
     for x in (-np.inf, -1e30, -200.0, -127.0):
         y = exp2_fma(x)
         assert y == 0.0 and not np.signbit(y), (x, y)
+    for x in (-126.9, -126.6, -126.4, -126.01):  # ex2.approx.ftz gives +0; this a subnormal below 2^-126
+        y = exp2_fma(x)
+        assert 0.0 <= float(y) < 2.0**-126, (x, y)
     assert exp2_fma(0.0) == 1.0
     assert exp2_fma(-1.0) == pytest.approx(0.5, rel=2e-4)
 

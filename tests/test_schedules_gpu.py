@@ -202,11 +202,13 @@ def test_portable_schedules_give_the_same_bits_for_any_cta_count(head_dim, causa
             for name, a, b in zip(("dq", "dk", "dv"), base, got):
                 assert torch.equal(a, b), (f"{schedule} d={head_dim} causal={causal} {_tag(seed)}: sm_margin={margin} "
                                            f"({sms - margin} CTAs) changed {name}")
-    # GQA 16/4, 4 x 512: 256 columns; the model ranks (132, 131, 114, 78 CTAs) hdim 64 full: interleaved,
-    # interleaved, fa3, interleaved; hdim 128 full: interleaved twice, fa3 twice; causal (both head dims):
-    # descending twice, fa3 twice.
+    # GQA 16/4. Full mask, 4 x 512 (256 columns): the model ranks (132, 131, 114, 78 CTAs) hdim 64:
+    # interleaved, interleaved, fa3, interleaved; hdim 128: interleaved twice, fa3 twice. Causal,
+    # 2 x 1152 (288 columns; auto takes fa3 without the model at <= 1024 tokens, so a longer row):
+    # hdim 64 descending, fa3 three times; hdim 128 descending twice, fa3 twice.
     seed = _seed("portable-auto", head_dim, causal)
-    q, k, v, dout = _inputs(4, 512, 512, 16, 4, head_dim, seed)
+    batch, seqlen = (2, 1152) if causal else (4, 512)
+    q, k, v, dout = _inputs(batch, seqlen, seqlen, 16, 4, head_dim, seed)
     out, lse = _forward(q, k, v, causal)
     _assert_auto_bits_do_not_depend_on_the_grid(q, k, v, dout, out, lse, causal, _tag(seed))
 

@@ -45,13 +45,15 @@ __device__ __forceinline__ float exp2_approx(float x) {
 }
 
 // 2^x on the FMA and integer pipes instead of MUFU, for softmax exponents x <= 0 (-inf, and
-// anything below -127, gives +0 as ex2.approx.ftz does): x = j + f with j = round(x) through
-// the 1.5 * 2^23 shifter (exact: x - j is representable), 2^f on [-0.5, 0.5] by a degree-3
+// anything at or below -127, gives +0 as ex2.approx.ftz does): x = j + f with j = round(x)
+// through the 1.5 * 2^23 shifter (exact: x - j is representable), 2^f on [-0.5, 0.5] by a degree-3
 // polynomial (minimax in relative error with the constant term 1: 1.0e-4, a twentieth of a
 // bf16 ulp; P and dS are rounded to bf16/fp16 for their GEMMs), j added to the exponent
-// field. At x = -127 the polynomial is exactly 1 and the sum of the bit patterns wraps to +0.
-// A NaN exponent gives +0 here (fmaxf drops it) where MUFU gives NaN; the NaN still reaches
-// the gradients through the lanes on MUFU and through dP. 9 instructions instead of one
+// field (unsigned: only the low 9 bits of t's pattern, j mod 512, survive the shift). At
+// x = -127 the polynomial is exactly 1 and the sum wraps to +0; in (-127, -126) the result is
+// a subnormal below 2^-126 (ex2.approx.ftz: +0), nothing at bf16/fp16 or beside 2^-126. A NaN
+// exponent gives +0 here (fmaxf drops it) where MUFU gives NaN; the NaN still reaches the
+// gradients through the lanes on MUFU and through dP. 9 instructions instead of one
 // MUFU.EX2, which a warp occupies for 8 cycles.
 __device__ __forceinline__ float exp2_fma(float x) {
   x = fmaxf(x, -127.f);
@@ -59,7 +61,7 @@ __device__ __forceinline__ float exp2_fma(float x) {
   float const t = x + shifter;
   float const f = x - (t - shifter);
   float const p = fmaf(fmaf(fmaf(0.05500858f, f, 0.24221037f), f, 0.6932829f), f, 1.f);
-  return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));  // t's bits << 23 = j << 23
+  return __uint_as_float(__float_as_uint(p) + (__float_as_uint(t) << 23));  // + j << 23 (mod 2^32)
 }
 
 // Exponential i of an unrolled loop (i a compile-time constant there): on the FMA pipe when

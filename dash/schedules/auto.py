@@ -167,8 +167,8 @@ SHORT_CAUSAL_FA3_MAX_SEQLEN = 1024
 #: choice must be a function of the shape alone. Each portable schedule's bits are the same
 #: on any grid, but two schedules' bits differ (other Q-tile and add orders), so a choice
 #: ranked for the real grid would change the bits with the GPU's SM count or ``sm_margin``
-#: (at hdim 128 causal 512, b32 h16, the model picks ``fa3`` on 132 CTAs and ``descending`` on
-#: 131). 132 is the H100/H200 SXM grid (``PORTABLE_REFERENCE_CTAS``).
+#: (at hdim 64 causal 1152, b2, 16 query and 4 KV heads, the model picks ``descending`` on 132
+#: CTAs and ``fa3`` on 131). 132 is the H100/H200 SXM grid (``PORTABLE_REFERENCE_CTAS``).
 AUTO_REFERENCE_CTAS = PORTABLE_REFERENCE_CTAS
 
 

@@ -279,6 +279,11 @@ def _fa4_modes() -> dict[str, Callable[[dict], tuple]]:
 KERNEL_SCHEDULE_MODES = KERNEL_SCHEDULES
 
 
+#: DASH's kernel schedules measured one by one without determinism (fa3's order is the default
+#: column ``dash_nondet_fa3``), for choosing non-deterministic auto's rule; opt-in.
+NONDET_SCHEDULE_MODES: dict[str, str] = {f"dash_nondet_{s}": s for s in KERNEL_SCHEDULE_MODES if s != "fa3"}
+
+
 def available_modes() -> dict[str, Callable[[dict], tuple]]:
     """Every mode this machine can run. ``dash_*``: the kernels alone; ``user_dash_*``: through
     ``flash_attn_func`` + ``torch.autograd.grad`` (the path users call); anchors: torch SDPA
@@ -294,11 +299,8 @@ def available_modes() -> dict[str, Callable[[dict], tuple]]:
     }
     for sched in KERNEL_SCHEDULE_MODES:
         modes[f"dash_{sched}_det"] = _dash_backward(True, sched)
-    # Opt-in (OPT_IN_MODES): every kernel schedule without determinism, for choosing
-    # non-deterministic auto's rule; name them with --modes.
-    for sched in KERNEL_SCHEDULE_MODES:
-        if sched != "fa3":
-            modes[f"dash_nondet_{sched}"] = _dash_backward(False, sched)
+    for name, sched in NONDET_SCHEDULE_MODES.items():  # opt-in (OPT_IN_MODES)
+        modes[name] = _dash_backward(False, sched)
     modes["user_dash_auto_det"] = _dash_user_path(True, "auto")
     modes["user_dash_nondet"] = _dash_user_path(False, "auto")
     modes["torch_cudnn"] = _torch_sdpa_backward(SDPBackend.CUDNN_ATTENTION)
@@ -309,7 +311,7 @@ def available_modes() -> dict[str, Callable[[dict], tuple]]:
 
 
 #: Modes that run only when named (``run_rows(modes=...)``, ``bench_bwd.py --modes``).
-OPT_IN_MODES: frozenset[str] = frozenset(f"dash_nondet_{s}" for s in KERNEL_SCHEDULE_MODES if s != "fa3")
+OPT_IN_MODES: frozenset[str] = frozenset(NONDET_SCHEDULE_MODES)
 
 
 def default_modes(all_modes: Optional[dict] = None) -> list[str]:

@@ -68,8 +68,12 @@ class BwdTileConfig:
     def __post_init__(self) -> None:
         if self.block_n != 64 * self.mma_warpgroups:
             raise ValueError(f"block_n={self.block_n} must be 64 * mma_warpgroups={self.mma_warpgroups}")
-        if self.block_m % 64 != 0:
-            raise ValueError(f"block_m={self.block_m} must be a multiple of 64 (WGMMA N granularity used here)")
+        if self.block_m % 16 != 0:
+            raise ValueError(f"block_m={self.block_m} must be a multiple of 16 (the K step of the dK/dV WGMMAs)")
+        if self.block_m % 64 != 0 and self.mma_warpgroups * 64 != self.head_dim:
+            raise ValueError(f"block_m={self.block_m} is not a multiple of 64, so dQ is computed transposed "
+                             f"(dQ^T = K^T dS^T), which splits head_dim={self.head_dim} over the "
+                             f"mma_warpgroups={self.mma_warpgroups}: needs head_dim == 64 * mma_warpgroups")
         if self.head_dim % 64 != 0:
             raise ValueError(f"head_dim={self.head_dim} must be a multiple of 64 (128-byte swizzle rows)")
         if self.dq_stages not in (1, 2):
@@ -88,6 +92,17 @@ class BwdTileConfig:
         block_m rows times head_dim / mma_warpgroups columns.
         """
         return self.block_m == 64 * self.mma_warpgroups
+
+    @property
+    def dq_transposed(self) -> bool:
+        """Whether dQ is computed transposed, dQ^T = K^T dS^T (FA3's dQ_swapAB).
+
+        A WGMMA's M side is 64 rows per warpgroup, so a Q tile of a block_m that is not a
+        multiple of 64 (80 at hdim 128, as FA3's full-mask tile) cannot be the M side of the
+        dQ GEMM; the head dim takes it instead (64 per warpgroup) and the query rows become
+        the N side, any multiple of 8.
+        """
+        return self.block_m % 64 != 0
 
     @property
     def num_threads(self) -> int:
@@ -112,7 +127,7 @@ BWD_TILE_CONFIGS: tuple[BwdTileConfig, ...] = (
     # reads, and full-mask orders barely wait). docs/kernel-notes.md, fourth pass.
     BwdTileConfig(64, False, 128, 128, 2, 2, 2, 2, 1, 1, 4, note="FA3's hdim-64 tile; ~193 KB smem"),
     BwdTileConfig(64, True, 128, 128, 2, 2, 2, 2, 1, 2, 4, note="FA3's hdim-64 tile; ~193 KB smem"),
-    BwdTileConfig(128, False, 64, 128, 2, 2, 2, 2, 1, 1, 4, note="64x128 as FA3 causal; 80x128 not yet measured"),
+    BwdTileConfig(128, False, 80, 128, 2, 2, 2, 2, 1, 1, 4, note="FA3's full-mask hdim-128 tile, dQ transposed; ~225 KB smem"),
     BwdTileConfig(128, True, 64, 128, 2, 2, 2, 2, 1, 2, 4, note="FA3's causal hdim-128 tile; ~193 KB smem"),
 )
 
@@ -241,6 +256,7 @@ def render_cpp_header() -> str:
             f"  static constexpr int kdQChains = {cfg.dq_chains};",
             f"  static constexpr int kExp2FmaEvery = {cfg.exp2_fma_every};",
             f"  static constexpr bool dQ_split_rows = {'true' if cfg.dq_split_rows else 'false'};",
+            f"  static constexpr bool dQ_transposed = {'true' if cfg.dq_transposed else 'false'};",
             "};",
             "",
         ]
@@ -296,6 +312,9 @@ def render_instantiations(head_dims: Iterable[int], dtypes: Iterable[str]) -> di
                 suffix, element, _ = DTYPE_CPP[dt]
                 units[f"{kind}_hdim{d}_{suffix}.cu"] = "\n".join([
                     "// Generated from dash/config.py by render_instantiations(). Do not edit; do not commit.",
+                    "// WGMMA widths beyond CuTe's default set (80: the hdim-128 full-mask Q tile); defined",
+                    "// before any CuTe header, and kOneWgmmaWide (mma_utils.h) fails the build without it.",
+                    "#define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED",
                     f'#include "kernels/{kind}_launch.h"',
                     "",
                     "namespace dash {",

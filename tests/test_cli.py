@@ -456,7 +456,9 @@ def test_bwd_tile_config_supported(head_dim, causal):
     cfg = C.bwd_tile_config(head_dim, causal)
     assert cfg in C.BWD_TILE_CONFIGS
     assert cfg.head_dim == head_dim and cfg.causal is causal
-    assert cfg.block_n == 64 * cfg.mma_warpgroups and cfg.block_m % 64 == 0
+    assert cfg.block_n == 64 * cfg.mma_warpgroups and cfg.block_m % 16 == 0
+    assert cfg.dq_transposed == (cfg.block_m % 64 != 0)
+    assert not cfg.dq_transposed or cfg.head_dim == 64 * cfg.mma_warpgroups
     assert cfg.num_threads == 128 * (cfg.mma_warpgroups + 1)
     assert cfg.dq_split_rows == (cfg.block_m == 64 * cfg.mma_warpgroups)
     assert min(cfg.q_stages, cfg.do_stages, cfg.ds_stages) >= 1
@@ -554,6 +556,7 @@ def test_render_cpp_header_has_every_config():
             "kdQChains": _cpp(cfg.dq_chains),
             "kExp2FmaEvery": _cpp(cfg.exp2_fma_every),
             "dQ_split_rows": _cpp(cfg.dq_split_rows),
+            "dQ_transposed": _cpp(cfg.dq_transposed),
         }
     dims = ", ".join(map(str, C.SUPPORTED_HEAD_DIMS))
     assert f"inline constexpr int kSupportedHeadDims[] = {{{dims}}};" in text

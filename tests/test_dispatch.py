@@ -64,6 +64,10 @@ def test_rendered_units_name_their_instantiation():
     assert "template void run_fwd_hdim<64, cutlass::half_t>(FwdParams const&, cudaStream_t);" in units[
         "fwd_hdim64_fp16.cu"]
     assert '#include "kernels/bwd_launch.h"' in units["bwd_hdim64_fp16.cu"]
+    # The 80-row backward tile needs CuTe's extended WGMMA widths, defined before any CuTe header.
+    for text in units.values():
+        define = text.index("#define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED")
+        assert define < text.index("#include")
 
 
 def test_write_generated_removes_units_of_another_choice(tmp_path):

@@ -287,9 +287,20 @@ def test_trace_order_equals_the_model(causal, det):
             assert 0.0 <= tr.wait_fraction() < 1.0
 
 
+@pytest.mark.parametrize("det", [True, False])
+def test_trace_order_equals_the_model_hdim128_full(det):
+    """hdim 128 full mask: 80-row Q tiles (the config table), ragged in both sequence lengths."""
+    for schedule in _schedules(False):
+        for margin, sq, sk in ((0, 1000, 777), (_sms() - 5, 1040, 1024)):
+            tr = _traced(schedule, False, det, sq=sq, sk=sk, head_dim=128, sm_margin=margin)
+            problems = tr.check_against_model()
+            assert not problems, f"{schedule} hdim 128 det={det} margin={margin}: {problems}"
+
+
 _DEADLOCK_SCRIPT = textwrap.dedent("""
     import json, sys, torch
     from dash.api import attention_backward
+    from dash.config import bwd_tile_config
     cases = json.loads(sys.argv[1])
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for sq, sk, b, h, hk, d, causal, sched, ctas in cases:
@@ -298,9 +309,10 @@ _DEADLOCK_SCRIPT = textwrap.dedent("""
         v = torch.randn_like(k)
         out = torch.randn_like(q); dout = torch.randn_like(q)
         lse = torch.randn(b, h, sq, device="cuda", dtype=torch.float32).abs() + 5
-        # shift (full mask only) refuses more running columns of a head than Q tiles (128-key
-        # columns, Q tiles of 128 rows at hdim 64 and 64 at 128): a clear refusal is not a hang
-        lanes, q_tiles = min(-(-sk // 128), ctas), -(-sq // (128 if d == 64 else 64))
+        # shift (full mask only) refuses more running columns of a head than Q tiles (the
+        # config table's tiles): a clear refusal is not a hang
+        cfg = bwd_tile_config(d, causal)
+        lanes, q_tiles = min(-(-sk // cfg.block_n), ctas), -(-sq // cfg.block_m)
         refused = sched == "shift" and lanes > q_tiles
         try:
             attention_backward(dout, q, k, v, out, lse, causal=causal, deterministic=True, schedule=sched,

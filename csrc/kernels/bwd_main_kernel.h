@@ -225,8 +225,16 @@ struct BwdMainKernel {
     Tensor tdPrdO = wg_mma_SdP.partition_fragment_B(sdO);  // (.., stage)
     Tensor tdVrdOt = wg_mma_dKV.partition_fragment_B(sdOt);  // dV += P^T dO
     Tensor tdKrQt = wg_mma_dKV.partition_fragment_B(sQt);    // dK += dS^T Q
-    Tensor tdQrdS = wg_mma_dQ.partition_fragment_A(sdS);     // dQ = dS K
-    Tensor tdQrKt = wg_mma_dQ.partition_fragment_B(sKt);
+    // dQ = dS K, or dQ^T = K^T dS^T (Traits::dQ_transposed: the operands swap sides, over
+    // the same shared-memory bytes).
+    Tensor tdQrdS = [&] {
+      if constexpr (Traits::dQ_transposed) { return wg_mma_dQ.partition_fragment_B(sdS); }
+      else { return wg_mma_dQ.partition_fragment_A(sdS); }
+    }();
+    Tensor tdQrKt = [&] {
+      if constexpr (Traits::dQ_transposed) { return wg_mma_dQ.partition_fragment_A(sKt); }
+      else { return wg_mma_dQ.partition_fragment_B(sKt); }
+    }();
 
     // Coordinates (key row, query col) of this thread's S^T accumulator values.
     Tensor tScS = thr_mma_SdP.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kBlockM>>{}));
@@ -310,8 +318,12 @@ struct BwdMainKernel {
         ptx::fence_proxy_async_smem();
         ptx::named_sync(uint32_t(BwdBarrier::kdSReady), NumMmaThreads);
 
-        Tensor tdQrdQ = partition_fragment_C(tiled_mma_dQ, Shape<Int<kBlockM>, Int<kHeadDim>>{});
-        detail::wgmma_gemm<true, false>(tiled_mma_dQ, tdQrdS(_, _, _, ds_stage), tdQrKt, tdQrdQ);
+        Tensor tdQrdQ = partition_fragment_C(tiled_mma_dQ, typename Traits::TileShapedQAcc{});
+        if constexpr (Traits::dQ_transposed) {
+          detail::wgmma_gemm<true, false>(tiled_mma_dQ, tdQrKt, tdQrdS(_, _, _, ds_stage), tdQrdQ);
+        } else {
+          detail::wgmma_gemm<true, false>(tiled_mma_dQ, tdQrdS(_, _, _, ds_stage), tdQrKt, tdQrdQ);
+        }
         warpgroup_wait<1>();  // dV GEMM done: dO_m no longer read
         ptx::mbar_arrive(&ss.bar_do_empty[stage.index]);
 

@@ -8,7 +8,7 @@
 //
 // bwd_convert_dq_kernel  (same grid): dQ = scale * dQaccum, cast to the output dtype. The
 //   dQaccum chunk is in the main kernel's fragment order; the same TiledMmadQ partition
-//   maps it back to (row, col). Deterministic runs sum the tile's chains in index order:
+//   maps it back to (row, col), or to (col, row) where the main kernel computes dQ^T. Deterministic runs sum the tile's chains in index order:
 //   chain c holds the adds with turns c, c + kdQChains, ... (its first add stored, so
 //   a chain no column added to is never read: the tile has n_end(m) contributions).
 #pragma once
@@ -133,11 +133,34 @@ __global__ void __launch_bounds__(Traits::NumMmaThreads)
     }
   }
   typename Traits::TiledMmadQ tiled_mma_dQ;
-  Tensor tdQcdQ = tiled_mma_dQ.get_thread_slice(tid).partition_C(
-      make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+  Tensor tdQcdQ = tiled_mma_dQ.get_thread_slice(tid).partition_C(make_identity_tensor(typename Traits::TileShapedQAcc{}));
   static_assert(decltype(size(tdQcdQ))::value == kValues);
   Element* dq = static_cast<Element*>(p.dq) + b * p.dq_strides.batch + h * p.dq_strides.head;
-  store_acc_rows_16B(vals, tdQcdQ, p.softmax_scale, dq, p.dq_strides.row, m * kBlockM, p.seqlen_q);
+  if constexpr (!Traits::dQ_transposed) {
+    store_acc_rows_16B(vals, tdQcdQ, p.softmax_scale, dq, p.dq_strides.row, m * kBlockM, p.seqlen_q);
+  } else {
+    // The accumulator is dQ^T: a thread's values run along the query (output row) axis, so
+    // they are transposed through shared memory into (query, head dim) rows and stored 16
+    // bytes at a time. The row pitch of kHeadDim + 4 floats keeps it 16-byte aligned and
+    // makes the scatter conflict-free (a warp's 32 stores hit 32 banks).
+    constexpr int kPitch = kHeadDim + 4;
+    __shared__ alignas(16) float tile[kBlockM * kPitch];
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < kValues; ++i) { tile[get<1>(tdQcdQ(i)) * kPitch + get<0>(tdQcdQ(i))] = vals(i); }
+    __syncthreads();
+    constexpr int kChunksPerRow = kHeadDim / 8;  // 8 outputs (16 bytes of bf16/fp16) per chunk
+    for (int c = tid; c < kBlockM * kChunksPerRow; c += Traits::NumMmaThreads) {
+      int const r = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
+      int const row = m * kBlockM + r;
+      if (row >= p.seqlen_q) { continue; }
+      float4 const lo = *reinterpret_cast<float4 const*>(tile + r * kPitch + col);
+      float4 const hi = *reinterpret_cast<float4 const*>(tile + r * kPitch + col + 4);
+      float const s = p.softmax_scale;
+      *reinterpret_cast<uint4*>(dq + int64_t(row) * p.dq_strides.row + col) =
+          make_uint4(detail::pack2<Element>(lo.x * s, lo.y * s), detail::pack2<Element>(lo.z * s, lo.w * s),
+                     detail::pack2<Element>(hi.x * s, hi.y * s), detail::pack2<Element>(hi.z * s, hi.w * s));
+    }
+  }
 }
 
 }  // namespace dash

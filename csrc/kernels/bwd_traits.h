@@ -38,6 +38,7 @@ struct BwdTraits {
   static constexpr int kExp2FmaEvery = Config::kExp2FmaEvery;  // see BwdTileConfig.exp2_fma_every
   static constexpr int kdQChains = Config::kdQChains;  // deterministic dQ accumulation chains
   static constexpr bool dQ_split_rows = Config::dQ_split_rows;
+  static constexpr bool dQ_transposed = Config::dQ_transposed;  // dQ^T = K^T dS^T (BwdTileConfig.dq_transposed)
 
   static_assert(NumMmaWarpGroups == 2, "the register budget (24/240) assumes two MMA warpgroups");
   static_assert(kBlockN == 64 * NumMmaWarpGroups, "each MMA warpgroup owns 64 keys of the column");
@@ -68,14 +69,25 @@ struct BwdTraits {
       AtomLayoutKeys{}));
   // dQ = dS K, dS read from smem (its rows are spread over both warpgroups' registers).
   // With kBlockM = 128 each warpgroup takes 64 query rows; with kBlockM = 64 each takes
-  // half of the head dim.
-  using TileShapeAtomdQ = std::conditional_t<dQ_split_rows, Shape<_64, Int<kHeadDim>, Int<kBlockN>>,
-                                             Shape<Int<kBlockM>, Int<kHeadDim / NumMmaWarpGroups>, Int<kBlockN>>>;
-  using AtomLayoutdQ = std::conditional_t<dQ_split_rows, Layout<Shape<Int<NumMmaWarpGroups>, _1, _1>>,
+  // half of the head dim. With a kBlockM that is not a multiple of 64 (80) the query rows
+  // cannot be a WGMMA's M side: dQ^T = K^T dS^T instead, each warpgroup 64 head-dim rows
+  // (A = K^T, MN-major view of sK) times all kBlockM queries (B = dS, K-major).
+  static_assert(!dQ_transposed || kHeadDim == 64 * NumMmaWarpGroups,
+                "transposed dQ splits the head dim into one 64-row WGMMA per warpgroup");
+  using TileShapeAtomdQ = std::conditional_t<
+      dQ_transposed, Shape<_64, Int<kBlockM>, Int<kBlockN>>,
+      std::conditional_t<dQ_split_rows, Shape<_64, Int<kHeadDim>, Int<kBlockN>>,
+                         Shape<Int<kBlockM>, Int<kHeadDim / NumMmaWarpGroups>, Int<kBlockN>>>>;
+  using AtomLayoutdQ = std::conditional_t<dQ_split_rows || dQ_transposed, Layout<Shape<Int<NumMmaWarpGroups>, _1, _1>>,
                                           Layout<Shape<_1, Int<NumMmaWarpGroups>, _1>>>;
   using TiledMmadQ = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, ElementAccum, TileShapeAtomdQ, GMMA::Major::K, GMMA::Major::MN>(),
+      GMMA::ss_op_selector<Element, Element, ElementAccum, TileShapeAtomdQ,
+                           dQ_transposed ? GMMA::Major::MN : GMMA::Major::K,
+                           dQ_transposed ? GMMA::Major::K : GMMA::Major::MN>(),
       AtomLayoutdQ{}));
+  // The dQ accumulator's (row, col) tile: (query, head dim), or (head dim, query) transposed.
+  using TileShapedQAcc = std::conditional_t<dQ_transposed, Shape<Int<kHeadDim>, Int<kBlockM>>,
+                                            Shape<Int<kBlockM>, Int<kHeadDim>>>;
   static_assert(kOneWgmmaWide<TiledMmaSdP, kBlockM> && kOneWgmmaWide<TiledMmadKV, kHeadDim> &&
                     kOneWgmmaWide<TiledMmadQ, size<1>(TileShapeAtomdQ{})>,
                 "a GEMM tile would be split into narrow WGMMAs (mma_utils.h, kOneWgmmaWide)");

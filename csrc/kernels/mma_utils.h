@@ -31,7 +31,8 @@ struct PipelineState {
 // they offer only N = 256, 192, 128, 96, 64, 32, 16, 8 (16-bit inputs), so a tile of another
 // width (80, 176, ...) silently becomes several narrower instructions per K step (176: eleven
 // 16-wide ones; a 128 x 176 forward tile ran 28 % slower so, kernel notes, third and eighth
-// passes). Every tiled GEMM of the kernels asserts this.
+// passes). Every tiled GEMM of the kernels asserts this; the generated translation units
+// define that macro (dash/config.py, render_instantiations) for the 80-row backward tile.
 template <class TiledMma, int N>
 inline constexpr bool kOneWgmmaWide = decltype(size<1>(typename TiledMma::AtomShape_MNK{}))::value == N;
 

@@ -83,14 +83,17 @@ def portability_cost(problem: Problem, ctas: int, costs: Costs | None = None, *,
 #: with two dQ writers: hdim 64 from full 2k (b8 h32, interleaved), hdim 128 from full 4k
 #: (b4 h16, fa3) and causal 8k (b2 h16, descending), which fitted the same costs. With them
 #: the model's makespan was within 1 % (hdim 64) and 6 % (hdim 128) of the measured one
-#: (benchmarks/results/traces/). Shapes not listed use DEFAULT_KERNEL_COSTS (hdim 128's).
+#: (benchmarks/results/traces/). hdim 128 full re-fitted for its 80-row Q tiles (2026-12-01,
+#: full 4k, b4 h16, fa3 order, deterministic:
+#: benchmarks/results/traces/2026-12-01-NVIDIA-H200-hd128-full-4k-fa3-m80.json; the model's
+#: makespan 2732 µs against 2422 measured). Shapes not listed use DEFAULT_KERNEL_COSTS.
 KERNEL_COSTS: dict[tuple[int, bool], Costs] = {
     (64, False): Costs(c=2.304, r=1.28, latency=1.28, epilogue=2.048),
     (64, True): Costs(c=2.304, r=1.28, latency=1.28, epilogue=2.048),
-    (128, False): Costs(c=2.048, r=1.152, latency=1.152, epilogue=3.328),
+    (128, False): Costs(c=2.56, r=1.28, latency=1.28, epilogue=2.56),
     (128, True): Costs(c=2.048, r=1.152, latency=1.152, epilogue=3.328),
 }
-DEFAULT_KERNEL_COSTS = KERNEL_COSTS[(128, False)]
+DEFAULT_KERNEL_COSTS = KERNEL_COSTS[(128, True)]
 
 #: Deterministic ``auto``'s candidates under a causal mask: the portable schedules less
 #: ``interleaved``. Since the kernel's causal dQ chains (4dbe825) the interleaved claim order

@@ -29,6 +29,7 @@ RUNS_SINCE_DQ_CHAINS = [
     "2026-12-01-NVIDIA-H200-bwd-gqa-5a6888e.json",
     "2026-12-01-NVIDIA-H200-bwd-fa3-fa4-790b8cf.json",
     "2026-12-01-NVIDIA-H200-bwd-fa3-fa4-2b7cf51.json",
+    "2026-12-01-NVIDIA-H200-bwd-fa3-fa4-fa3d436.json",
 ]
 
 

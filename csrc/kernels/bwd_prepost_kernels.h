@@ -8,8 +8,8 @@
 //
 // bwd_convert_dq_kernel  (same grid): dQ = scale * dQaccum, cast to the output dtype. The
 //   dQaccum chunk is in the main kernel's fragment order; the same TiledMmadQ partition
-//   maps it back to (row, col), or to (col, row) where the main kernel computes dQ^T. Deterministic runs sum the tile's chains in index order:
-//   chain c holds the adds with turns c, c + kdQChains, ... (its first add stored, so
+//   maps it back to (row, col), or to (col, row) where the main kernel computes dQ^T.
+//   Deterministic runs sum the tile's chains in index order: chain c holds the adds with turns c, c + kdQChains, ... (its first add stored, so
 //   a chain no column added to is never read: the tile has n_end(m) contributions).
 #pragma once
 

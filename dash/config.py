@@ -61,7 +61,9 @@ class BwdTileConfig:
     # instead of MUFU; 0: all on MUFU. MUFU issues a warp's exponential in 8 cycles, so a
     # step's 64 (hdim 64) exponentials per thread queue behind the S^T GEMM while the FMA pipe
     # idles. Measured on the H200 (docs/kernel-notes.md, eleventh pass): every 4th, backward
-    # +2.1 % non-det, +1.9 % det (hdim 64 full det 8k +6.3 %); every 2nd -1.4 %.
+    # +2.1 % non-det, +1.9 % det (hdim 64 full det 8k +6.3 %); every 2nd -1.4 %. Thirteenth pass,
+    # against every 4th: every 3rd -1.5 % non-det, -0.6 % det; every 6th at hdim 64 +0.0 to +1.6 %
+    # non-det, +1.2 to +3.2 % det, at hdim 128 full -2.7 to -4.5 % non-det (so hdim 128 keeps 4).
     exp2_fma_every: int = 0
     note: str = ""
 
@@ -125,8 +127,8 @@ BWD_TILE_CONFIGS: tuple[BwdTileConfig, ...] = (
     # Causal masks use two dQ chains (measured: +3-4 % deterministic at 4k-16k); full masks
     # one (two cost 2-3 %: the second fp32 copy doubles the adds' L2 footprint and the convert's
     # reads, and full-mask orders barely wait). docs/kernel-notes.md, fourth pass.
-    BwdTileConfig(64, False, 128, 128, 2, 2, 2, 2, 1, 1, 4, note="FA3's hdim-64 tile; ~193 KB smem"),
-    BwdTileConfig(64, True, 128, 128, 2, 2, 2, 2, 1, 2, 4, note="FA3's hdim-64 tile; ~193 KB smem"),
+    BwdTileConfig(64, False, 128, 128, 2, 2, 2, 2, 1, 1, 6, note="FA3's hdim-64 tile; ~193 KB smem"),
+    BwdTileConfig(64, True, 128, 128, 2, 2, 2, 2, 1, 2, 6, note="FA3's hdim-64 tile; ~193 KB smem"),
     BwdTileConfig(128, False, 80, 128, 2, 2, 2, 2, 1, 1, 4, note="FA3's full-mask hdim-128 tile, dQ transposed; ~225 KB smem"),
     BwdTileConfig(128, True, 64, 128, 2, 2, 2, 2, 1, 2, 4, note="FA3's causal hdim-128 tile; ~193 KB smem"),
 )
@@ -149,6 +151,11 @@ class FwdTileConfig:
     kv_stages: int  # smem buffers of K and of V in flight
     mma_registers: int  # setmaxnreg of the MMA warpgroups (the producer keeps 24)
     pingpong: bool  # MMA warpgroups take turns issuing GEMMs (one's softmax hides under the other's GEMMs)
+    # A tile's last P V GEMM is issued out of turn and its row sums are reduced (quad sums, 1/sum,
+    # LSE) while it runs, instead of in turn and after it. Measured on the H200 (docs/kernel-notes.md,
+    # thirteenth pass): hdim 64 causal +1.3 to +1.8 %, full -0.4 to +0.5 %; hdim 128 -0.5 to -4 %
+    # (ptxas then schedules the unmasked loop so that no exponential precedes its P V wait).
+    overlap_tile_end: bool = False
     note: str = ""
 
     def __post_init__(self) -> None:
@@ -171,8 +178,8 @@ class FwdTileConfig:
 
 #: The forward table. Keyed by (head_dim, causal).
 FWD_TILE_CONFIGS: tuple[FwdTileConfig, ...] = (
-    FwdTileConfig(64, False, 192, 128, 3, 2, 160, True, note="3 MMA warpgroups of 64 rows; ~88 KB smem"),
-    FwdTileConfig(64, True, 192, 128, 3, 2, 160, True, note="3 MMA warpgroups of 64 rows; ~88 KB smem"),
+    FwdTileConfig(64, False, 192, 128, 3, 2, 160, True, True, note="3 MMA warpgroups of 64 rows; ~88 KB smem"),
+    FwdTileConfig(64, True, 192, 128, 3, 2, 160, True, True, note="3 MMA warpgroups of 64 rows; ~88 KB smem"),
     FwdTileConfig(128, False, 128, 128, 2, 2, 240, True, note="~160 KB smem"),
     FwdTileConfig(128, True, 128, 128, 2, 2, 240, True, note="~160 KB smem"),
 )
@@ -276,6 +283,7 @@ def render_cpp_header() -> str:
             f"  static constexpr int kStagesKV = {cfg.kv_stages};",
             f"  static constexpr int kMmaRegisters = {cfg.mma_registers};",
             f"  static constexpr bool kPingPong = {'true' if cfg.pingpong else 'false'};",
+            f"  static constexpr bool kOverlapTileEnd = {'true' if cfg.overlap_tile_end else 'false'};",
             "};",
             "",
         ]

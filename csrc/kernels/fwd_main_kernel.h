@@ -260,6 +260,18 @@ struct FwdMainKernel {
       float row_max[2] = {-INFINITY, -INFINITY}, max_scaled[2] = {0.f, 0.f}, row_sum[2] = {0.f, 0.f};
       float rescale[2];
 
+      // O / rowsum as Element rows, LSE = ln(sum_j exp(scale * s_ij)); from the quads'
+      // partial sums, once the tile's last softmax is done.
+      float inv_sum[2], lse[2];
+      auto finish_row_stats = [&] {
+        CUTLASS_PRAGMA_UNROLL
+        for (int r = 0; r < 2; ++r) {
+          float const sum = quad_sum(row_sum[r]);
+          bool const empty = sum == 0.f;  // the row saw no key (only possible under a causal mask)
+          inv_sum[r] = empty ? 0.f : 1.f / sum;
+          lse[r] = empty ? -INFINITY : (max_scaled[r] + __log2f(sum)) * 0.693147180559945309f;  // ln 2
+        }
+      };
       if (n_end > 0) {
         ptx::mbar_wait(&ss.bar_q_full, q_phase);
         q_phase ^= 1;
@@ -330,24 +342,29 @@ struct FwdMainKernel {
           for (; n >= 0; --n) { middle_step(n, p.geo.needs_mask(m, n)); }
         }
 
-        // ---- the last block's P V.
+        // ---- the last block's P V. kOverlapTileEnd (dash/config.py says where it pays): issued
+        // out of turn, with the row sums reduced under it. Skipping the turn keeps the turns
+        // balanced (every warpgroup of the CTA skips it, once per tile of the same blocks).
         ptx::mbar_wait(&ss.bar_v_full[kv_prev.index], kv_prev.phase);
-        wait_turn(wg);
-        detail::wgmma_gemm<false, true>(tiled_mma_pv, tOrP_A, tOrVt(_, _, _, kv_prev.index), tOrO);
-        pass_turn(wg);
-        warpgroup_wait<0>();
-        ptx::mbar_arrive(&ss.bar_v_empty[kv_prev.index]);
+        if constexpr (Traits::kOverlapTileEnd) {
+          detail::wgmma_gemm<false, true>(tiled_mma_pv, tOrP_A, tOrVt(_, _, _, kv_prev.index), tOrO);
+          finish_row_stats();
+          warpgroup_wait<0>();
+          ptx::mbar_arrive(&ss.bar_v_empty[kv_prev.index]);
+        } else {
+          wait_turn(wg);
+          detail::wgmma_gemm<false, true>(tiled_mma_pv, tOrP_A, tOrVt(_, _, _, kv_prev.index), tOrO);
+          pass_turn(wg);
+          warpgroup_wait<0>();
+          ptx::mbar_arrive(&ss.bar_v_empty[kv_prev.index]);
+        }
+      } else if constexpr (Traits::kOverlapTileEnd) {
+        finish_row_stats();  // no key at all: O = 0, LSE = -inf
       }
+      // (Not folded into the branches above: at hdim 128 that moved ptxas' P V wait in the loop.)
+      if constexpr (!Traits::kOverlapTileEnd) { finish_row_stats(); }
 
-      // ---- epilogue: O / rowsum as Element rows, LSE = ln(sum_j exp(scale * s_ij)).
-      float inv_sum[2], lse[2];
-      CUTLASS_PRAGMA_UNROLL
-      for (int r = 0; r < 2; ++r) {
-        float const sum = quad_sum(row_sum[r]);
-        bool const empty = sum == 0.f;  // the row saw no key (only possible under a causal mask)
-        inv_sum[r] = empty ? 0.f : 1.f / sum;
-        lse[r] = empty ? -INFINITY : (max_scaled[r] + __log2f(sum)) * 0.693147180559945309f;  // ln 2
-      }
+      // ---- epilogue.
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < size(tOrO); ++i) { tOrO(i) *= inv_sum[row_half(i)]; }
       int const b = tile.bh / p.num_heads, h = tile.bh - b * p.num_heads;

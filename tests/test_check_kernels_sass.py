@@ -69,3 +69,24 @@ def test_short_names_of_both_passes(ck):
     bwd = "void dash::bwd_main_kernel<dash::BwdTraits<64, true, cutlass::half_t>, dash::ClaimedSchedule<> >(P)"
     assert ck.short_name(fwd) == "fwd_main_kernel hdim128 full bfloat16_t"
     assert ck.short_name(bwd) == "bwd_main_kernel hdim64 causal half_t"
+
+
+def test_ptxas_wgmma_serialisation_is_attributed_to_its_kernel(ck):
+    # The lines ptxas -v printed for a draft of the forward kernel whose last P V wait sat in a
+    # second branch (docs/kernel-notes.md, thirteenth pass), beside a clean kernel.
+    log = "\n".join([
+        "ptxas info    : Compiling entry function '_Z3badv' for 'sm_90a'",
+        "ptxas info    : (C7517) warpgroup.wait is injected in around line 10092 by compiler to allow use of "
+        "registers defined by GMMA in function '_Z3badv'",
+        "ptxas info    : (C7514) Potential Performance Loss: wgmma.mma_async instructions are serialized due to "
+        "non wgmma instructions reading accumulator registers of  a wgmma between start and end of the pipeline "
+        "stage in the function '_Z3badv'",
+        "ptxas info    : Used 168 registers, used 16 barriers",
+        "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads",
+        "ptxas info    : Compiling entry function '_Z4goodv' for 'sm_90a'",
+        "ptxas info    : Used 128 registers, used 16 barriers",
+        "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads",
+    ])
+    bad, good = ck.parse_ptxas(log)
+    assert (bad["mangled"], bad["wgmma_serialised"], bad["registers"]) == ("_Z3badv", ["C7514", "C7517"], 168)
+    assert (good["mangled"], good["wgmma_serialised"], good["spill_stores"]) == ("_Z4goodv", [], 0)

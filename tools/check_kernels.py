@@ -4,9 +4,9 @@
     python tools/check_kernels.py --sass     # also check the SASS (needs cuobjdump)
 
 For each kernel prints registers, spill bytes and stack frame (from ptxas -v), and exits
-non-zero if any shipped kernel spills or uses a stack frame. With --sass it also checks
-that the main kernel issues HGMMA and TMA loads (UTMALDG) and has no local-memory
-traffic (LDL/STL). Needs nvcc (CUDA 12.3+) and the CUTLASS headers (nvidia-cutlass, or
+non-zero if any shipped kernel spills, uses a stack frame or has its WGMMAs serialised by
+ptxas (C7514-C7517 in the -v output). With --sass it also checks that the main kernel issues
+HGMMA and TMA loads (UTMALDG) and has no local-memory traffic (LDL/STL). Needs nvcc (CUDA 12.3+) and the CUTLASS headers (nvidia-cutlass, or
 DASH_CUTLASS_DIR); no GPU and no torch.
 """
 
@@ -28,6 +28,10 @@ sys.path.insert(0, str(ROOT))
 from dash import config as dash_config  # noqa: E402
 
 FUNC_RE = re.compile(r"Compiling entry function '(\S+)' for 'sm_90a'")
+# ptxas's notes that it serialised WGMMAs (C7514/C7515: the accumulator or A registers are touched
+# while the GEMM is in flight) or injected a warpgroup.wait (C7517): each costs the GEMMs'
+# overlap, silently (a draft of the forward's tile end drew C7514 + C7517 and lost 2-4 %).
+WGMMA_SERIAL_RE = re.compile(r"\((C751[4-7])\).*function '(\w+)'")
 PROPS_RE = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 REGS_RE = re.compile(r"Used (\d+) registers")
 
@@ -85,7 +89,12 @@ def compile_tu(nvcc: str, cutlass: Path, tu: Path, outdir: Path) -> tuple[Path, 
 def parse_ptxas(log: str) -> list[dict]:
     kernels = []
     current = None
+    serialised: dict[str, list[str]] = {}
     for line in log.splitlines():
+        m = WGMMA_SERIAL_RE.search(line)
+        if m:
+            serialised.setdefault(m.group(2), []).append(m.group(1))
+            continue
         m = FUNC_RE.search(line)
         if m:
             current = {"mangled": m.group(1)}
@@ -99,6 +108,8 @@ def parse_ptxas(log: str) -> list[dict]:
         m = REGS_RE.search(line)
         if m:
             current["registers"] = int(m.group(1))
+    for k in kernels:
+        k["wgmma_serialised"] = sorted(set(serialised.get(k["mangled"], [])))
     return kernels
 
 
@@ -197,6 +208,10 @@ def main(argv: list[str] | None = None) -> int:
                 if spills or k.get("stack", 0):
                     failures.append(f"{tu.name}: {name} spills {spills} B, stack {k.get('stack', 0)} B")
                     note.append("SPILLS")
+                if k["wgmma_serialised"]:
+                    codes = "/".join(k["wgmma_serialised"])
+                    failures.append(f"{tu.name}: {name}: ptxas serialised its WGMMAs ({codes}; see -Xptxas -v)")
+                    note.append(f"WGMMA SERIALISED {codes}")
                 if cuobjdump and ("bwd_main_kernel" in name or "fwd_main_kernel" in name):
                     code = sass.get(k["mangled"], "")
                     hgmma, utma = code.count("HGMMA"), code.count("UTMALDG")
@@ -218,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         for f in failures:
             print("  " + f)
         return 1
-    print(f"\n{len(rows)} kernels in {len(tus)} translation units: no spills, no stack frames.")
+    print(f"\n{len(rows)} kernels in {len(tus)} translation units: no spills, no stack frames, no serialised WGMMAs.")
     return 0
 
 

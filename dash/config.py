@@ -153,8 +153,8 @@ class FwdTileConfig:
     pingpong: bool  # MMA warpgroups take turns issuing GEMMs (one's softmax hides under the other's GEMMs)
     # A tile's last P V GEMM is issued out of turn and its row sums are reduced (quad sums, 1/sum,
     # LSE) while it runs, instead of in turn and after it. Measured on the H200 (docs/kernel-notes.md,
-    # thirteenth pass): hdim 64 causal +1.3 to +1.8 %, full -0.4 to +0.5 %; hdim 128 -0.5 to -4 %
-    # (ptxas then schedules the unmasked loop so that no exponential precedes its P V wait).
+    # thirteenth pass): hdim 64 causal +1.3 to +1.8 %, full -0.4 to +0.5 %; hdim 128 full -1.6 to
+    # -4.6 %, causal -0.1 to -1.9 % (ptxas compiles the hdim-128 unmasked loop differently with it).
     overlap_tile_end: bool = False
     note: str = ""
 

@@ -4,9 +4,10 @@
     python tools/check_kernels.py --sass     # also check the SASS (needs cuobjdump)
 
 For each kernel prints registers, spill bytes and stack frame (from ptxas -v), and exits
-non-zero if any shipped kernel spills, uses a stack frame or has its WGMMAs serialised by
-ptxas (C7514-C7517 in the -v output). With --sass it also checks that the main kernel issues
-HGMMA and TMA loads (UTMALDG) and has no local-memory traffic (LDL/STL). Needs nvcc (CUDA 12.3+) and the CUTLASS headers (nvidia-cutlass, or
+non-zero if any shipped kernel spills, uses a stack frame or draws one of ptxas' C75xx notes
+on its WGMMA pipeline (serialised WGMMAs, an injected wait). With --sass it also checks that
+the main kernel issues HGMMA and TMA loads (UTMALDG) and has no local-memory traffic
+(LDL/STL). Needs nvcc (CUDA 12.3+) and the CUTLASS headers (nvidia-cutlass, or
 DASH_CUTLASS_DIR); no GPU and no torch.
 """
 
@@ -28,10 +29,11 @@ sys.path.insert(0, str(ROOT))
 from dash import config as dash_config  # noqa: E402
 
 FUNC_RE = re.compile(r"Compiling entry function '(\S+)' for 'sm_90a'")
-# ptxas's notes that it serialised WGMMAs (C7514/C7515: the accumulator or A registers are touched
-# while the GEMM is in flight) or injected a warpgroup.wait (C7517): each costs the GEMMs'
-# overlap, silently (a draft of the forward's tile end drew C7514 + C7517 and lost 2-4 %).
-WGMMA_SERIAL_RE = re.compile(r"\((C751[4-7])\).*function '(\w+)'")
+# ptxas's C75xx notes about a kernel's WGMMA pipeline: it serialised the WGMMAs (C7512 at hdim
+# 64 for a deferred-Q-release draft of the backward; C7514 when the accumulator is read while
+# the GEMM is in flight) or injected a warpgroup.wait (C7517). Each costs the GEMMs' overlap,
+# silently (a draft of the forward's tile end drew C7514 + C7517).
+WGMMA_SERIAL_RE = re.compile(r"\((C75\d\d)\)[^\n]*(?:wgmma|warpgroup)[^\n]*function '(\w+)'", re.IGNORECASE)
 PROPS_RE = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 REGS_RE = re.compile(r"Used (\d+) registers")
 

@@ -178,8 +178,8 @@ class FwdTileConfig:
 
 #: The forward table. Keyed by (head_dim, causal).
 FWD_TILE_CONFIGS: tuple[FwdTileConfig, ...] = (
-    FwdTileConfig(64, False, 192, 128, 3, 2, 160, True, True, note="3 MMA warpgroups of 64 rows; ~88 KB smem"),
-    FwdTileConfig(64, True, 192, 128, 3, 2, 160, True, True, note="3 MMA warpgroups of 64 rows; ~88 KB smem"),
+    FwdTileConfig(64, False, 192, 128, 3, 2, 160, True, overlap_tile_end=True, note="3 MMA warpgroups of 64 rows; ~88 KB smem"),
+    FwdTileConfig(64, True, 192, 128, 3, 2, 160, True, overlap_tile_end=True, note="3 MMA warpgroups of 64 rows; ~88 KB smem"),
     FwdTileConfig(128, False, 128, 128, 2, 2, 240, True, note="~160 KB smem"),
     FwdTileConfig(128, True, 128, 128, 2, 2, 240, True, note="~160 KB smem"),
 )

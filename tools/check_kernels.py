@@ -212,8 +212,8 @@ def main(argv: list[str] | None = None) -> int:
                     note.append("SPILLS")
                 if k["wgmma_serialised"]:
                     codes = "/".join(k["wgmma_serialised"])
-                    failures.append(f"{tu.name}: {name}: ptxas serialised its WGMMAs ({codes}; see -Xptxas -v)")
-                    note.append(f"WGMMA SERIALISED {codes}")
+                    failures.append(f"{tu.name}: {name}: ptxas {codes} on its WGMMA pipeline (serialised or waited; see -Xptxas -v)")
+                    note.append(f"WGMMA {codes}")
                 if cuobjdump and ("bwd_main_kernel" in name or "fwd_main_kernel" in name):
                     code = sass.get(k["mangled"], "")
                     hgmma, utma = code.count("HGMMA"), code.count("UTMALDG")

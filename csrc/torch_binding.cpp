@@ -254,6 +254,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> run_backward(Tensor const& dout_in, T
   p.causal = causal;
   p.deterministic = deterministic;
   p.schedule = kind;
+  p.convert_under_main = sm_margin == 0;  // bwd_params.h: waiting CTAs would sit on the SMs left free
 
   Tensor dq = at::empty_like(q);
   bool const gqa = heads != heads_k;

@@ -245,6 +245,27 @@ def test_sm_margin_and_fewer_ctas_same_result_per_grid(causal):
             assert torch.equal(a, b), f"causal={causal} {_tag(seed)}: sm_margin={margin} changed the bits of {name}"
 
 
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("heads_k", [8, 2])
+@pytest.mark.parametrize("causal", [False, True])
+def test_work_queued_after_the_backward_sees_every_gradient(causal, heads_k, deterministic):
+    """With sm_margin 0 the dQ convert kernel runs under the main kernel's tail (programmatic
+    dependent launch; deterministic CTAs wait per tile on the dQ semaphores, not for the main
+    grid). Work queued on the stream right after the backward (here clones of dq, dk, dv, and
+    under GQA the binding's dK/dV casts) must still run after the main kernel's last dK/dV
+    stores: each clone, taken with no synchronisation, equals the gradient read after one."""
+    seed = _seed("queued-after", causal, heads_k, deterministic)
+    q, k, v, dout = _inputs(2, 2048, 2048, 8, heads_k, 128, torch.bfloat16, seed)
+    out, lse = _forward(q, k, v, causal)
+    for rep in range(20):
+        grads = attention_backward(dout, q, k, v, out, lse, causal=causal, deterministic=deterministic)
+        clones = [g.clone() for g in grads]  # queued behind the backward, no sync in between
+        torch.cuda.synchronize()
+        for name, g, c in zip(("dq", "dk", "dv"), grads, clones):
+            assert torch.equal(g, c), (f"causal={causal} heads_k={heads_k} det={deterministic} rep {rep} "
+                                       f"{_tag(seed)}: {name} read right after the backward differs from after a sync")
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_flash_attn_func_end_to_end(causal):
     seed = _seed("e2e", causal)

@@ -193,6 +193,7 @@ void run_bwd_impl(BwdParams const& p, cudaStream_t stream) {
   pp.dq_chain_tiles = int64_t(num_m_blocks) * p.num_heads * p.batch;
   pp.stats_bh_stride = stats_bh_stride;
   pp.softmax_scale = p.softmax_scale;
+  pp.wait_per_tile = false;
 
   dim3 const tile_grid(num_m_blocks, p.num_heads, p.batch);
   bwd_preprocess_kernel<Traits><<<tile_grid, kPreprocessThreads, 0, stream>>>(pp);
@@ -258,8 +259,31 @@ void run_bwd_impl(BwdParams const& p, cudaStream_t stream) {
     launch(make_claimed_schedule(p.schedule, kgeo, kHeadDim, p.num_heads, p.num_heads_k, p.batch, p.deterministic));
   }
 
-  bwd_convert_dq_kernel<Traits><<<tile_grid, Traits::NumMmaThreads, 0, stream>>>(pp);
-  check_cuda(cudaGetLastError(), "launch of bwd_convert_dq_kernel");
+  // ---- dQ convert ------------------------------------------------------------------------
+  // With convert_under_main, launched behind the main kernel with programmatic stream
+  // serialisation: the main kernel's CTAs trigger it as they start, and its CTAs take the SMs
+  // the main kernel's tail frees, so the conversion of finished tiles overlaps that tail and
+  // the launch latency is hidden. Deterministic runs wait per tile on the dQ semaphores,
+  // whose final counts the writers release only after their adds landed; without determinism
+  // the writers keep no count, and each CTA waits for the main grid (bwd_prepost_kernels.h).
+  if (p.convert_under_main) {
+    PrepostParams cp = pp;
+    cp.wait_per_tile = p.deterministic;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = tile_grid;
+    cfg.blockDim = dim3(Traits::NumMmaThreads, 1, 1);
+    cfg.dynamicSmemBytes = 0;
+    cfg.stream = stream;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    check_cuda(cudaLaunchKernelEx(&cfg, bwd_convert_dq_kernel<Traits>, cp), "launch of bwd_convert_dq_kernel");
+  } else {
+    bwd_convert_dq_kernel<Traits><<<tile_grid, Traits::NumMmaThreads, 0, stream>>>(pp);
+    check_cuda(cudaGetLastError(), "launch of bwd_convert_dq_kernel");
+  }
 }
 
 template <int kHeadDim, class Element>

@@ -364,6 +364,10 @@ struct BwdMainKernel {
 template <class Traits, class Schedule>
 __global__ void __launch_bounds__(Traits::NumThreads, 1)
     bwd_main_kernel(CUTE_GRID_CONSTANT typename Traits::template MainParams<Schedule> const params) {
+  // Every CTA is resident from the start (cooperative launch), so the dQ convert grid queued
+  // behind this one may launch now: its CTAs take SMs only as this grid's CTAs exit, and
+  // never hold one this grid needs (bwd_launch.h, convert_under_main).
+  ptx::launch_dependents();
   PersistentShell<BwdMainKernel<Traits, Schedule>>::run(params);
 }
 

@@ -68,6 +68,11 @@ struct BwdParams {
   bool deterministic = false;
   BwdScheduleKind schedule = BwdScheduleKind::kFa3;
   int num_ctas_max = 0;  // SMs the persistent grid may use (device SMs - sm_margin)
+  // The dQ convert kernel is launched while the main kernel runs (programmatic dependent
+  // launch) and takes SMs as the main kernel's CTAs finish: deterministic runs convert each
+  // dQ tile once its semaphores show every add landed, others wait for the main kernel to
+  // complete. Off when sm_margin leaves SMs to other work: waiting convert CTAs would sit on them.
+  bool convert_under_main = false;
 
   // Trace mode (null = off): one record per (column, Q tile) step, trace_capacity of them
   // (bwd_trace_steps()); the kernel numbers them with the workspace's trace counter.
@@ -84,8 +89,9 @@ struct BwdParams {
   int* counters = nullptr;        // kNumCounters ints, zeroed by the preprocess kernel
 };
 
-// Counters of the workspace: columns claimed by the persistent CTAs, trace records written.
-enum BwdCounter : int { kWorkCounter = 0, kTraceCounter = 1, kNumCounters = 2 };
+// Counters of the workspace: columns claimed by the persistent CTAs, trace records written,
+// dQ convert CTAs done (convert_under_main).
+enum BwdCounter : int { kWorkCounter = 0, kTraceCounter = 1, kConvertDoneCounter = 2, kNumCounters = 3 };
 
 struct BwdWorkspaceSizes {
   size_t lse_log2_floats = 0;

@@ -11,6 +11,9 @@
 //   maps it back to (row, col), or to (col, row) where the main kernel computes dQ^T.
 //   Deterministic runs sum the tile's chains in index order: chain c holds the adds with turns c, c + kdQChains, ... (its first add stored, so
 //   a chain no column added to is never read: the tile has n_end(m) contributions).
+//   With convert_under_main it runs while the main kernel does (bwd_launch.h): deterministic
+//   CTAs wait for their tile's semaphores to count every add (each released after its add
+//   landed), the others for the whole main grid (griddepcontrol.wait).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -39,6 +42,9 @@ struct PrepostParams {
   int64_t dq_chain_tiles;  // tiles per chain: batch * heads * num_m_blocks
   int64_t stats_bh_stride;
   float softmax_scale;
+  // Convert: launched under the main kernel, waiting per tile on dq_semaphore (deterministic;
+  // the main kernel's writers count the adds there). False: waits for the main grid.
+  bool wait_per_tile;
 };
 
 template <class Traits>
@@ -118,6 +124,29 @@ __global__ void __launch_bounds__(Traits::NumMmaThreads)
     geo.causal = Traits::Is_causal;
     chains = min_int(chains, geo.n_end(m));
   }
+  if (p.wait_per_tile) {
+    // Chain c of the tile receives the turns c, c + dq_chains, ... of its n_end(m)
+    // contributions; the writer of each releases the chain's semaphore (red.release.gpu) only
+    // after its add has been performed in global memory, so once the acquire below reads the
+    // chain's full count every add is visible to this thread, and through the barrier to the
+    // CTA. The main grid's CTAs are all resident before this grid launches (they trigger it),
+    // so the wait cannot starve them.
+    if (tid == 0) {
+      TileGeometryT<StaticBlocks<kBlockM, Traits::kBlockN>> geo;
+      geo.seqlen_q = p.seqlen_q;
+      geo.seqlen_k = p.seqlen_k;
+      geo.causal = Traits::Is_causal;
+      int const contributions = geo.n_end(m);
+      for (int c = 0; c < chains; ++c) {
+        int const adds = (contributions - c + p.dq_chains - 1) / p.dq_chains;
+        int const* sem = p.dq_semaphore + c * p.dq_chain_tiles + tile;
+        while (ptx::ld_acquire_gpu(sem) < adds) { __nanosleep(256); }
+      }
+    }
+    __syncthreads();
+  } else {
+    ptx::grid_dependency_wait();  // a no-op unless launched under the main kernel
+  }
   Tensor vals = make_tensor<float>(Int<kValues>{});
   clear(vals);
   for (int c = 0; c < chains; ++c) {  // in chain order: the sum's order is fixed
@@ -159,6 +188,18 @@ __global__ void __launch_bounds__(Traits::NumMmaThreads)
       *reinterpret_cast<uint4*>(dq + int64_t(row) * p.dq_strides.row + col) =
           make_uint4(detail::pack2<Element>(lo.x * s, lo.y * s), detail::pack2<Element>(lo.z * s, lo.w * s),
                      detail::pack2<Element>(hi.x * s, hi.y * s), detail::pack2<Element>(hi.z * s, hi.w * s));
+    }
+  }
+  if (p.wait_per_tile) {
+    // Work queued after this grid on the stream (dK and dV's readers, the GQA casts) is
+    // ordered after the main kernel only through this grid's completion, and per-tile waits
+    // do not wait for the main kernel's last dK/dV stores. So the grid's last CTA to finish
+    // waits for the main grid to complete before it exits; the others exit at once and free
+    // their SM for the remaining tiles.
+    __syncthreads();
+    if (tid == 0) {
+      int const ctas = int(gridDim.x * gridDim.y * gridDim.z);
+      if (atomicAdd(p.counters + kConvertDoneCounter, 1) == ctas - 1) { ptx::grid_dependency_wait(); }
     }
   }
 }

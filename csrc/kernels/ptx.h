@@ -142,6 +142,14 @@ __device__ __forceinline__ void red_add_v2_f32(float* gmem, float a, float b) {
   asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(gmem), "f"(a), "f"(b) : "memory");
 }
 
+// Programmatic dependent launch (sm_90). launch_dependents: this CTA lets the grid queued
+// after it on the stream with the programmatic-serialization attribute start once every CTA
+// of this grid has said so or exited; it orders no memory. grid_dependency_wait: blocks until
+// the grids this one depends on have completed and their writes are visible; a no-op in a
+// grid launched without the attribute.
+__device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+__device__ __forceinline__ void grid_dependency_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+
 // Nanoseconds since an arbitrary epoch, common to all SMs (trace mode only).
 __device__ __forceinline__ int64_t globaltimer_ns() {
   int64_t t;

@@ -374,6 +374,7 @@ class BackwardPass final : public TimedPass {
     fill_problem(o, num_sms, p);
     p.deterministic = o.deterministic;
     p.schedule = static_cast<dash::BwdScheduleKind>(o.schedule);
+    p.convert_under_main = true;  // as the torch op with sm_margin = 0
 
     q_ = DeviceBuffer(q_elems * elem, "q");
     k_ = DeviceBuffer(kv_elems * elem, "k");

@@ -151,6 +151,57 @@ def kernel_pipeline_depth(head_dim: int, causal: bool) -> int:
     return _kernel_table_value(head_dim, causal, "dq_stages")
 
 
+#: Bytes per µs at which the dQ convert kernel reads the fp32 dQ chains and writes dQ: it runs at
+#: HBM bandwidth, 3.8-3.9 TB/s on the H200 (ninth pass of docs/kernel-notes.md: 50-54 µs with one
+#: chain, ~84 µs with two at 16k tokens x 2048 channels). A constant, not this GPU's: ``auto``'s
+#: choice must be a function of the shape alone.
+DQ_CONVERT_BYTES_PER_US = 3.8e6
+
+
+def dq_convert_us(batch: int, heads: int, seqlen_q: int, head_dim: int, chains: int) -> float:
+    """Time of the dQ convert kernel alone on the whole GPU: it reads ``chains`` fp32 copies of
+    dQ and writes dQ in 16 bits."""
+    return batch * heads * seqlen_q * head_dim * (4 * chains + 2) / DQ_CONVERT_BYTES_PER_US
+
+
+def end_with_dq_convert(res, convert_us: float) -> float:
+    """When the backward ends: the main kernel's makespan plus the part of the dQ convert that
+    its tail cannot absorb. Since 5e5dae1 the convert is launched under the main kernel
+    (programmatic dependent launch) and its CTAs take each SM the main kernel's CTAs leave;
+    by the tail nearly every dQ tile is complete, so the tail's idle CTA time (sum over CTAs
+    of makespan - the CTA's last activity, per CTA of the grid) converts tiles, and only the
+    remainder of ``convert_us`` runs after the makespan. That favours orders with ragged tails
+    (``fa3``'s shortest-columns-first claims end on the longest columns) over balanced ones
+    (``descending``'s longest-first): measured on the H200 in two grids of 5e5dae1, fa3 /
+    descending time at hdim 64 causal 2k / 4k / 8k 0.958 / 0.972 / 0.985, where the makespan
+    alone ranks descending first by 3-7 %
+    (benchmarks/results/2026-12-03-NVIDIA-H200-bwd-schedules-5e5dae1.json)."""
+    import numpy as np
+
+    plan = res.plan
+    ctas = len(res.busy)
+    last = np.zeros(ctas)
+    st_cta = plan.steps()["cta"]
+    for arr in (res.compute_end, res.reduce_end):
+        np.maximum.at(last, st_cta, np.nan_to_num(arr, nan=0.0))
+    np.maximum.at(last, plan.col_cta(), np.nan_to_num(res.epilogue_end, nan=0.0))
+    idle_tail = float(np.clip(res.makespan - last, 0.0, None).sum()) / max(ctas, 1)
+    return float(res.makespan) + max(0.0, convert_us - idle_tail)
+
+
+#: Who wins an exact tie of the model's ends. Under a full mask ``interleaved`` and
+#: ``descending`` are mirror images and always tie; where the grid divides a full-mask problem
+#: evenly (hdim 128 full 16k: 2048 columns on 128 CTAs) ``fa3`` ties them too. Measured on the
+#: H200 over the 18 stored grids of that row, interleaved was fastest or within ~1 % of the
+#: fastest most often (fa3 / best 0.966-1.0, interleaved 0.97-1.0, descending 0.91-1.0);
+#: ``interleaved`` starts the CTAs of one wave on different dQ tiles, so their reduce-adds
+#: do not queue on one semaphore. The paper grid's one causal tie (hdim 64 causal 512,
+#: ``descending`` and ``fa3``) is a short causal row: ``SHORT_CAUSAL_FA3_MAX_SEQLEN`` decides it.
+#: Across all 444 stored rows this order, against ``PORTABLE_KERNEL_SCHEDULES``', takes auto
+#: within 1 % of the measured best on 343 rows instead of 339 (``tools/model_agreement.py``).
+AUTO_TIE_ORDER: tuple[str, ...] = ("interleaved", "descending", "fa3")
+
+
 #: Deterministic causal rows with at most this many queries and keys run ``fa3``'s order
 #: (shortest columns first, column-fastest claims) without asking the model. There the model
 #: ranks ``descending`` first (by 5-7 % at hdim 64 512 / 1k) but every H200 grid measured
@@ -181,7 +232,7 @@ def choose_kernel_schedule(batch: int, heads: int, heads_kv: int, seqlen_q: int,
     """``schedule="auto"``: the portable kernel schedule the calibrated model finds fastest.
 
     Deterministic: short causal rows (``SHORT_CAUSAL_FA3_MAX_SEQLEN``) take ``fa3``'s order;
-    otherwise ranks ``kernel_candidates(causal)`` (ties: the earlier name) for a grid of
+    otherwise ranks ``kernel_candidates(causal)`` (ties: ``AUTO_TIE_ORDER``) for a grid of
     ``AUTO_REFERENCE_CTAS`` CTAs whatever ``ctas`` is, so that the choice, and with it the
     bits, are the same on every Hopper part and with any ``sm_margin``; on at most
     ``AUTO_MAX_WAVES`` waves of the grid's columns, with the full problem's L2 sections, the
@@ -232,11 +283,12 @@ def nondeterministic_kernel_schedule(seqlen_q, seqlen_k, head_dim: int, causal: 
 @lru_cache(maxsize=256)
 def rank_kernel_schedules(batch: int, heads: int, heads_kv: int, seqlen_q: int, seqlen_k: int, head_dim: int,
                           causal: bool, ctas: int) -> tuple[tuple[str, float], ...]:
-    """What deterministic ``auto`` ranks: ``((name, makespan), ...)`` fastest first (ties: the
-    earlier name in ``PORTABLE_KERNEL_SCHEDULES``) over ``kernel_candidates(causal)``, each
+    """What deterministic ``auto`` ranks: ``((name, end), ...)`` fastest first (ties: the
+    earlier name in ``AUTO_TIE_ORDER``) over ``kernel_candidates(causal)``, each
     simulated for a grid of ``ctas`` CTAs on at most ``AUTO_MAX_WAVES`` waves of the grid's
     columns (whole KV groups, the full problem's L2 sections) with the kernel's calibrated
-    costs, dQ chains and pipeline depth. ``auto`` calls it with ``AUTO_REFERENCE_CTAS``; other
+    costs, dQ chains and pipeline depth; ``end`` is the makespan plus what of the whole
+    problem's dQ convert the simulated tail does not absorb (``end_with_dq_convert``). ``auto`` calls it with ``AUTO_REFERENCE_CTAS``; other
     grids show what it would pick were it free to depend on the grid."""
     from dash.schedules.orders import l2_section_heads
     from dash.schedules.tiling import Problem
@@ -256,11 +308,12 @@ def rank_kernel_schedules(batch: int, heads: int, heads_kv: int, seqlen_q: int, 
     costs = kernel_costs(head_dim, causal)
     depth = kernel_pipeline_depth(head_dim, causal)
     chains = kernel_dq_chains(head_dim, causal)
-    order = {n: i for i, n in enumerate(PORTABLE_KERNEL_SCHEDULES)}
+    order = {n: i for i, n in enumerate(AUTO_TIE_ORDER)}
+    convert_us = dq_convert_us(batch, heads, seqlen_q, head_dim, chains)  # the whole problem's
     rows = []
     for name in kernel_candidates(causal):
         res = simulate(make_plan(part, name, ctas, section_heads=sw), costs, depth, chains=chains)
         if res.deadlock_free:  # cannot fail for these orders (tested); never rank one that would deadlock
-            rows.append((name, round(float(res.makespan), 9)))
+            rows.append((name, round(end_with_dq_convert(res, convert_us), 9)))
     rows.sort(key=lambda r: (r[1], order[r[0]]))
     return tuple(rows)

@@ -7,15 +7,18 @@ target for ncu side-by-side comparisons (docs/kernel-notes.md, fifth pass):
     ncu ... -k regex:FlashAttnFwdSm90 ... python tools/ncu_target.py fa3 fwd 8192 causal
 
 (bwd: regex:bwd_main / regex:FlashAttnBwdSm90). FA3 must be importable as
-flash_attn_interface (built from flash-attention's hopper/, never part of this repository).
+flash_attn_interface (built from flash-attention's hopper/, never part of this repository);
+FA4 as flash_attn.cute (pip flash-attn-4, ../shared/tools/fa4-anchor.sh; its CuTe-DSL kernels
+are named after their classes, e.g. regex:FlashAttentionBackwardSm90). FA4 compiles each
+kernel on first use, inside the warm-up calls, so the profiled call is never a compile.
 
-    python tools/ncu_target.py {dash|fa3} {fwd|bwd} SEQLEN {full|causal} [hdim]
+    python tools/ncu_target.py {dash|fa3|fa4} {fwd|bwd} SEQLEN {full|causal} [hdim]
 """
 import sys
 
 import torch
 
-if len(sys.argv) < 5 or sys.argv[1] not in ("dash", "fa3") or sys.argv[2] not in ("fwd", "bwd") \
+if len(sys.argv) < 5 or sys.argv[1] not in ("dash", "fa3", "fa4") or sys.argv[2] not in ("fwd", "bwd") \
         or sys.argv[4] not in ("full", "causal"):
     sys.exit(__doc__)
 if not torch.cuda.is_available():
@@ -27,8 +30,10 @@ b, h = max(1, 16384 // s), 2048 // d
 q, k, v, do = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
 if lib == "dash":
     from dash import flash_attn_func
-else:
+elif lib == "fa3":
     from flash_attn_interface import flash_attn_func
+else:
+    from flash_attn.cute import flash_attn_func
 
 
 def call():

@@ -303,6 +303,12 @@ def _real_fa3_on_path(tmp_path, monkeypatch, as_package: bool):
     else:
         (tmp_path / "flash_attn_interface.py").write_text("REAL = True\n")
         where = tmp_path / "flash_attn_interface.py"
+    # The stand-in must be the only FA3 the lookup can find: a real FA3 elsewhere on sys.path
+    # (the device's anchor build, say) would be found first and named in the message instead.
+    elsewhere = [p for p in sys.path
+                 if not (os.path.isdir(os.path.join(p or ".", "flash_attn_3"))
+                         or os.path.isfile(os.path.join(p or ".", "flash_attn_interface.py")))]
+    monkeypatch.setattr(sys, "path", elsewhere)
     monkeypatch.syspath_prepend(str(tmp_path))
     return str(where)
 

@@ -13,6 +13,7 @@ is bitwise repeatable with deterministic=True.
 
 from __future__ import annotations
 
+import importlib.machinery
 import inspect
 import json
 import os
@@ -305,9 +306,10 @@ def _real_fa3_on_path(tmp_path, monkeypatch, as_package: bool):
         where = tmp_path / "flash_attn_interface.py"
     # The stand-in must be the only FA3 the lookup can find: a real FA3 elsewhere on sys.path
     # (the device's anchor build, say) would be found first and named in the message instead.
+    # Drop every entry where the lookup's own finder finds one of FA3's names.
     elsewhere = [p for p in sys.path
-                 if not (os.path.isdir(os.path.join(p or ".", "flash_attn_3"))
-                         or os.path.isfile(os.path.join(p or ".", "flash_attn_interface.py")))]
+                 if not any(importlib.machinery.PathFinder.find_spec(name, [p])
+                            for name in fa3_alias.FA3_TOP_LEVEL_NAMES)]
     monkeypatch.setattr(sys, "path", elsewhere)
     monkeypatch.syspath_prepend(str(tmp_path))
     return str(where)

@@ -53,8 +53,14 @@ inline BSHDStrides checked_tma_strides(char const* name, void const* ptr, BSHDSt
 }
 
 // cudaFuncSetAttribute once per kernel and device: it is host work every call would pay.
-template <class Kernel>
-void ensure_max_dynamic_smem(Kernel kernel, int smem_bytes) {
+// The once-flags are per kernel function: the function is a template argument. Keyed by the
+// function's type instead (a `Kernel kernel` parameter), two kernels of one signature, e.g.
+// bwd_main_kernel with and without kLseEarly, shared one flag, and the second one launched
+// without its shared-memory attribute (the cooperative launch then reported the grid as not
+// fitting).
+template <auto kKernel>
+void ensure_max_dynamic_smem(int smem_bytes) {
+  auto const kernel = kKernel;
   constexpr int kMaxDevices = 64;
   static std::once_flag flags[kMaxDevices];
   int device = 0;
@@ -70,11 +76,11 @@ void ensure_max_dynamic_smem(Kernel kernel, int smem_bytes) {
   }
 }
 
-template <class Traits, class Schedule>
+template <class Traits, class Schedule, bool kLseEarly>
 void launch_main_kernel(typename Traits::template MainParams<Schedule> const& mp, int num_ctas, cudaStream_t stream) {
-  auto kernel = bwd_main_kernel<Traits, Schedule>;
+  auto kernel = bwd_main_kernel<Traits, Schedule, kLseEarly>;
   constexpr int smem_bytes = Traits::kSmemBytes;
-  ensure_max_dynamic_smem(kernel, smem_bytes);
+  ensure_max_dynamic_smem<bwd_main_kernel<Traits, Schedule, kLseEarly>>(smem_bytes);
 
   // Cooperative launch: the driver refuses a grid whose CTAs cannot all be resident at
   // once, so every CTA a deterministic wait may depend on is guaranteed to be running.
@@ -244,7 +250,16 @@ void run_bwd_impl(BwdParams const& p, cudaStream_t stream) {
     mp.heads_per_kv_head = p.num_heads / p.num_heads_k;
     mp.deterministic = p.deterministic;
     mp.schedule = schedule;
-    launch_main_kernel<Traits, Schedule>(mp, num_ctas, stream);
+    // Non-deterministic launches of a tile where the LSE fits in registers run the mainloop
+    // that loads it before the S^T GEMM (BwdMainKernel, kLseEarly); deterministic ones keep
+    // the loads after the S^T wait, which measured faster for them (sixteenth pass).
+    if constexpr (Traits::kLseEarlyFits) {
+      if (!p.deterministic) {
+        launch_main_kernel<Traits, Schedule, true>(mp, num_ctas, stream);
+        return;
+      }
+    }
+    launch_main_kernel<Traits, Schedule, false>(mp, num_ctas, stream);
   };
   // The kernel's geometry carries the tile sizes as compile-time constants.
   auto const kgeo = geo.template with_blocks<StaticBlocks<kBlockM, kBlockN>>();

@@ -29,8 +29,13 @@ namespace dash {
 
 using namespace cute;
 
-template <class Traits, class Schedule>
+// kLseEarly: load a step's LSE into registers before its S^T GEMM is issued, instead of
+// reading it from shared memory in the exponential loop after the S^T wait. Measured on the
+// H200 (docs/kernel-notes.md, sixteenth pass) the same binary ran 1-2 % faster without
+// determinism and 2-4 % slower with it, so only non-deterministic launches use it.
+template <class Traits, class Schedule, bool kLseEarly = false>
 struct BwdMainKernel {
+  static_assert(!kLseEarly || Traits::kLseEarlyFits, "the LSE registers spill with this tile");
   using Element = typename Traits::Element;
   using Params = typename Traits::template MainParams<Schedule>;
   using SharedStorage = typename Traits::SharedStorage;
@@ -267,6 +272,17 @@ struct BwdMainKernel {
         Tensor tSrS = partition_fragment_C(tiled_mma_SdP, Shape<Int<kBlockN>, Int<kBlockM>>{});
         Tensor tdPrdP = partition_fragment_C(tiled_mma_SdP, Shape<Int<kBlockN>, Int<kBlockM>>{});
         ptx::mbar_wait(&ss.bar_q_full[stage.index], stage.phase);
+        // kLseEarly: the shared-memory latency of these loads (hundreds of cycles while both
+        // warpgroups' GEMMs read shared memory) then runs under the S^T and dP^T GEMMs
+        // instead of after the S^T wait, where the exponentials' first FFMAs waited on it
+        // (ncu, sixteenth pass). They cannot move above the wait: mbar_wait is an asm
+        // statement with a memory clobber.
+        constexpr int kSValues = decltype(size(tSrS))::value;
+        float lse_of[kLseEarly ? kSValues : 1];
+        if constexpr (kLseEarly) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int i = 0; i < kSValues; ++i) { lse_of[i] = sLSE[get<1>(tScS(i))]; }
+        }
         if (step == 0) { ptx::mbar_wait(&ss.bar_k_full, kv_phase); }
         detail::wgmma_gemm<true, false>(tiled_mma_SdP, tSrK, tSrQ(_, _, _, stage.index), tSrS);
         ptx::mbar_wait(&ss.bar_do_full[stage.index], stage.phase);
@@ -291,7 +307,7 @@ struct BwdMainKernel {
         CUTLASS_PRAGMA_UNROLL
         for (int i = 0; i < size(tSrS); ++i) {
           tSrS(i) = detail::exp2_split<Traits::kExp2FmaEvery>(
-              fmaf(tSrS(i), params.softmax_scale_log2, -sLSE[get<1>(tScS(i))]), i);
+              fmaf(tSrS(i), params.softmax_scale_log2, -(kLseEarly ? lse_of[i] : sLSE[get<1>(tScS(i))])), i);
         }
         warpgroup_wait<0>();  // dP^T ready
         if (step == num_steps - 1) { ptx::mbar_arrive(&ss.bar_v_empty); }  // last read of this column's V
@@ -361,14 +377,14 @@ struct BwdMainKernel {
   }
 };
 
-template <class Traits, class Schedule>
+template <class Traits, class Schedule, bool kLseEarly>
 __global__ void __launch_bounds__(Traits::NumThreads, 1)
     bwd_main_kernel(CUTE_GRID_CONSTANT typename Traits::template MainParams<Schedule> const params) {
   // Every CTA is resident from the start (cooperative launch), so the dQ convert grid queued
   // behind this one may launch now: its CTAs take SMs only as this grid's CTAs exit, and
   // never hold one this grid needs (bwd_launch.h, convert_under_main).
   ptx::launch_dependents();
-  PersistentShell<BwdMainKernel<Traits, Schedule>>::run(params);
+  PersistentShell<BwdMainKernel<Traits, Schedule, kLseEarly>>::run(params);
 }
 
 }  // namespace dash

@@ -96,7 +96,7 @@ void run_fwd_impl(FwdParams const& p, cudaStream_t stream) {
 
   auto kernel = fwd_main_kernel<Traits>;
   constexpr int smem_bytes = Traits::kSmemBytes;
-  ensure_max_dynamic_smem(kernel, smem_bytes);
+  ensure_max_dynamic_smem<fwd_main_kernel<Traits>>(smem_bytes);
   int const num_ctas = num_tiles < p.num_ctas_max ? int(num_tiles) : p.num_ctas_max;
   check_cuda(cudaMemsetAsync(p.tile_counter, 0, sizeof(int), stream), "cudaMemsetAsync(tile_counter)");
   kernel<<<num_ctas, Traits::NumThreads, smem_bytes, stream>>>(mp);

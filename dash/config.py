@@ -156,9 +156,18 @@ class FwdTileConfig:
     # thirteenth pass): hdim 64 causal +1.3 to +1.8 %, full -0.4 to +0.5 %; hdim 128 full -1.6 to
     # -4.6 %, causal -0.1 to -1.9 % (ptxas compiles the hdim-128 unmasked loop differently with it).
     overlap_tile_end: bool = False
+    # Shared-memory buffers of the Q tile. With 2 the producer loads the next tile's Q as soon as
+    # it claims the tile, under the current tile's last blocks; with 1 it waits for the current
+    # tile's last S GEMM, and the load's latency can fall between the epilogue and the next
+    # tile's first GEMM. Measured on the H200 (docs/kernel-notes.md, seventeenth pass): hdim 64
+    # full +0.9 to +2.0 % (1k-16k, two builds); hdim 64 causal -0.5 to -1.4 %; hdim 128 -2 to
+    # -9 % (not the larger shared memory: 32 KB of padding alone measured +-0.5 %). Same bits.
+    q_stages: int = 1
     note: str = ""
 
     def __post_init__(self) -> None:
+        if self.q_stages not in (1, 2):
+            raise ValueError(f"q_stages={self.q_stages} is not supported (1 or 2)")
         if self.block_m != 64 * self.mma_warpgroups:
             raise ValueError(f"block_m={self.block_m} must be 64 * mma_warpgroups={self.mma_warpgroups}")
         if self.block_n % 64 != 0 or self.head_dim % 64 != 0:
@@ -173,12 +182,12 @@ class FwdTileConfig:
 
     def smem_bytes(self, elem_bytes: int = 2) -> int:
         d = self.head_dim
-        return (self.block_m * d + 2 * self.kv_stages * self.block_n * d) * elem_bytes
+        return (self.q_stages * self.block_m * d + 2 * self.kv_stages * self.block_n * d) * elem_bytes
 
 
 #: The forward table. Keyed by (head_dim, causal).
 FWD_TILE_CONFIGS: tuple[FwdTileConfig, ...] = (
-    FwdTileConfig(64, False, 192, 128, 3, 2, 160, True, overlap_tile_end=True, note="3 MMA warpgroups of 64 rows; ~88 KB smem"),
+    FwdTileConfig(64, False, 192, 128, 3, 2, 160, True, overlap_tile_end=True, q_stages=2, note="3 MMA warpgroups of 64 rows; ~112 KB smem"),
     FwdTileConfig(64, True, 192, 128, 3, 2, 160, True, overlap_tile_end=True, note="3 MMA warpgroups of 64 rows; ~88 KB smem"),
     FwdTileConfig(128, False, 128, 128, 2, 2, 240, True, note="~160 KB smem"),
     FwdTileConfig(128, True, 128, 128, 2, 2, 240, True, note="~160 KB smem"),
@@ -284,6 +293,7 @@ def render_cpp_header() -> str:
             f"  static constexpr int kMmaRegisters = {cfg.mma_registers};",
             f"  static constexpr bool kPingPong = {'true' if cfg.pingpong else 'false'};",
             f"  static constexpr bool kOverlapTileEnd = {'true' if cfg.overlap_tile_end else 'false'};",
+            f"  static constexpr int kStagesQ = {cfg.q_stages};",
             "};",
             "",
         ]

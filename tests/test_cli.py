@@ -514,6 +514,22 @@ def test_tile_config_invariants_are_enforced():
     assert C.BwdTileConfig(64, False, 128, 128, 2, 2, 2, 2, 1, 1, 0).exp2_fma_every == 0
 
 
+@pytest.mark.parametrize("cfg", C.FWD_TILE_CONFIGS, ids=lambda c: f"d{c.head_dim}-{'causal' if c.causal else 'full'}")
+def test_forward_shared_memory_counts_every_q_buffer(cfg):
+    d, m, n = cfg.head_dim, cfg.block_m, cfg.block_n
+    assert cfg.smem_bytes() == (cfg.q_stages * m * d + 2 * cfg.kv_stages * n * d) * 2
+    assert cfg.smem_bytes() <= C.H100_SMEM_LIMIT_BYTES - 1024  # room left for the barriers
+
+
+def test_forward_tile_config_invariants_are_enforced():
+    with pytest.raises(ValueError, match="q_stages=3 is not supported"):
+        C.FwdTileConfig(64, False, 192, 128, 3, 2, 160, True, q_stages=3)
+    with pytest.raises(ValueError, match="block_m=128 must be 64 \\* mma_warpgroups=3"):
+        C.FwdTileConfig(64, False, 128, 128, 3, 2, 160, True)
+    one, two = (C.FwdTileConfig(128, False, 128, 128, 2, 2, 240, True, q_stages=q) for q in (1, 2))
+    assert two.smem_bytes() - one.smem_bytes() == 128 * 128 * 2
+
+
 def test_check_table_rejects_bad_tables():
     good = list(C.BWD_TILE_CONFIGS)
     C._check_table(good)

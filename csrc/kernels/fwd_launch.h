@@ -72,7 +72,7 @@ void run_fwd_impl(FwdParams const& p, cudaStream_t stream) {
   };
   typename Traits::MainParams mp;
   mp.tma_q = make_tma_copy(SM90_TMA_LOAD{}, make_gmem(p.q, p.seqlen_q, p.num_heads, p.batch, q_st),
-                           typename Traits::SmemLayoutQ{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{});
+                           take<0, 2>(typename Traits::SmemLayoutQ{}), Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{});
   mp.tma_k = make_tma_copy(SM90_TMA_LOAD{}, make_gmem(p.k, p.seqlen_k, p.num_heads_k, p.batch, k_st),
                            take<0, 2>(typename Traits::SmemLayoutK{}), Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{});
   mp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, make_gmem(p.v, p.seqlen_k, p.num_heads_k, p.batch, v_st),

@@ -46,6 +46,7 @@ struct FwdMainKernel {
   static constexpr int NumMmaWarpGroups = Traits::NumMmaWarpGroups;
   static constexpr bool Is_causal = Traits::Is_causal;
   using KVState = PipelineState<Traits::kStages>;
+  using QState = PipelineState<Traits::kStagesQ>;
 
   // ---------------------------------------------------------------------------------------
   // Shell hooks (kernels/persistent_shell.h).
@@ -58,8 +59,10 @@ struct FwdMainKernel {
     cute::prefetch_tma_descriptor(params.tma_k.get_tma_descriptor());
     cute::prefetch_tma_descriptor(params.tma_v.get_tma_descriptor());
     // Full barriers: one producer arrival (+ TMA bytes). Empty barriers: every MMA thread.
-    ptx::mbar_init(&ss.bar_q_full, 1);
-    ptx::mbar_init(&ss.bar_q_empty, Traits::NumMmaThreads);
+    for (int s = 0; s < Traits::kStagesQ; ++s) {
+      ptx::mbar_init(&ss.bar_q_full[s], 1);
+      ptx::mbar_init(&ss.bar_q_empty[s], Traits::NumMmaThreads);
+    }
     for (int s = 0; s < Traits::kStages; ++s) {
       ptx::mbar_init(&ss.bar_k_full[s], 1);
       ptx::mbar_init(&ss.bar_k_empty[s], Traits::NumMmaThreads);
@@ -85,12 +88,12 @@ struct FwdMainKernel {
     auto tma_q = p.tma_q.get_slice(_0{});
     auto tma_k = p.tma_k.get_slice(_0{});
     auto tma_v = p.tma_v.get_slice(_0{});
-    Tensor tQsQ = tma_q.partition_D(sQ);
+    Tensor tQsQ = tma_q.partition_D(sQ);  // (TMA, 1, 1, stage)
     Tensor tKsK = tma_k.partition_D(sK);  // (TMA, 1, 1, stage)
     Tensor tVsV = tma_v.partition_D(sV);
 
     KVState kv;
-    uint32_t q_phase = 0;
+    QState qs;
     int t = blockIdx.x;
     for (int k = 0;; ++k) {
       ss.work.publish(k, t);
@@ -110,11 +113,14 @@ struct FwdMainKernel {
       Tensor tKgK = tma_k.partition_S(gK);  // (TMA, 1, 1, n)
       Tensor tVgV = tma_v.partition_S(gV);
 
-      // The Q buffer is free once every MMA thread's last S GEMM of the previous tile is done.
-      ptx::mbar_wait(&ss.bar_q_empty, q_phase ^ 1);
-      ptx::mbar_arrive_expect_tx(&ss.bar_q_full, Traits::kBytesQ);
-      copy(p.tma_q.with(ss.bar_q_full, 0), tQgQ, tQsQ);
-      q_phase ^= 1;
+      // A Q buffer is free once every MMA thread's last S GEMM of the tile it held is done.
+      // With two buffers that is the tile before the current one, so this load is issued as
+      // soon as the tile is claimed (under the current tile's last blocks), not after the
+      // current tile's last S GEMM.
+      ptx::mbar_wait(&ss.bar_q_empty[qs.index], qs.phase ^ 1);
+      ptx::mbar_arrive_expect_tx(&ss.bar_q_full[qs.index], Traits::kBytesQ);
+      copy(p.tma_q.with(ss.bar_q_full[qs.index], 0), tQgQ, tQsQ(_, _, _, qs.index));
+      qs.advance();
       for (int n = n_end - 1; n >= 0; --n) {
         // K_n is needed first (S), V_n one step later (O += P V).
         ptx::mbar_wait(&ss.bar_k_empty[kv.index], kv.phase ^ 1);
@@ -132,8 +138,9 @@ struct FwdMainKernel {
       // loads began held each CTA one whole tile ahead, so under a causal mask a CTA could
       // sit on a long tile while others ran dry (the tail: 7-8 % of SM time idle at hdim 128
       // causal 2k-16k by tools/fwd_tile_order_model.py, 8.6 % measured by ncu at 8k; claiming
-      // late took the forward +4-8 % there, same bits). The atomic's latency is hidden: the
-      // next Q load waits for this tile's last S GEMM anyway.
+      // late took the forward +4-8 % there, same bits). With one Q buffer the atomic's latency
+      // is hidden (the next Q load waits for this tile's last S GEMM anyway); with two it
+      // comes before the next Q load, which still starts blocks ahead of its first use.
       t = int(gridDim.x) + atomicAdd(p.tile_counter, 1);
     }
   }
@@ -232,7 +239,7 @@ struct FwdMainKernel {
     auto wg_mma_pv = tiled_mma_pv.get_slice(wg * 128);
     auto thr_mma_qk = tiled_mma_qk.get_thread_slice(mma_tidx);
     auto thr_mma_pv = tiled_mma_pv.get_thread_slice(mma_tidx);
-    Tensor tSrQ = wg_mma_qk.partition_fragment_A(sQ);
+    Tensor tSrQ = wg_mma_qk.partition_fragment_A(sQ);    // (.., stage)
     Tensor tSrK = wg_mma_qk.partition_fragment_B(sK);    // (.., stage)
     Tensor tOrVt = wg_mma_pv.partition_fragment_B(sVt);  // (.., stage)
     // (row, key) within the tile of this thread's S values; (row, dim) of its O values.
@@ -245,7 +252,7 @@ struct FwdMainKernel {
     }
 
     KVState kv;
-    uint32_t q_phase = 0;
+    QState qs;
     for (int k = 0;; ++k) {
       int const t = ss.work.receive(k);  // >= num_tiles: the CTA is done
       if (t >= p.order.num_tiles) { break; }
@@ -273,18 +280,18 @@ struct FwdMainKernel {
         }
       };
       if (n_end > 0) {
-        ptx::mbar_wait(&ss.bar_q_full, q_phase);
-        q_phase ^= 1;
+        ptx::mbar_wait(&ss.bar_q_full[qs.index], qs.phase);
+        auto const tSrQ_tile = tSrQ(_, _, _, qs.index);
 
         // ---- the first block (n_end - 1): S, softmax; its P V is issued with the next S.
         Tensor tSrS = partition_fragment_C(tiled_mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});
         ptx::mbar_wait(&ss.bar_k_full[kv.index], kv.phase);
         wait_turn(wg);
-        detail::wgmma_gemm<true, false>(tiled_mma_qk, tSrQ, tSrK(_, _, _, kv.index), tSrS);
+        detail::wgmma_gemm<true, false>(tiled_mma_qk, tSrQ_tile, tSrK(_, _, _, kv.index), tSrS);
         pass_turn(wg);
         warpgroup_wait<0>();
         ptx::mbar_arrive(&ss.bar_k_empty[kv.index]);
-        if (n_end == 1) { ptx::mbar_arrive(&ss.bar_q_empty); }  // last read of this tile's Q
+        if (n_end == 1) { ptx::mbar_arrive(&ss.bar_q_empty[qs.index]); }  // last read of this tile's Q
         if (p.geo.needs_mask(m, n_end - 1)) { apply_mask(p, tSrS, tScS, m, n_end - 1); }
         online_softmax<true>(tSrS, row_max, max_scaled, row_sum, rescale, scale_log2);
         Tensor tOrP = detail::convert_fragment<Element>(tSrS);
@@ -306,12 +313,12 @@ struct FwdMainKernel {
           ptx::mbar_wait(&ss.bar_k_full[kv.index], kv.phase);
           ptx::mbar_wait(&ss.bar_v_full[kv_prev.index], kv_prev.phase);
           wait_turn(wg);
-          detail::wgmma_gemm<true, false>(tiled_mma_qk, tSrQ, tSrK(_, _, _, kv.index), tSrS);
+          detail::wgmma_gemm<true, false>(tiled_mma_qk, tSrQ_tile, tSrK(_, _, _, kv.index), tSrS);
           detail::wgmma_gemm<false, true>(tiled_mma_pv, tOrP_A, tOrVt(_, _, _, kv_prev.index), tOrO);
           pass_turn(wg);
           warpgroup_wait<1>();  // S_n done
           ptx::mbar_arrive(&ss.bar_k_empty[kv.index]);
-          if (n == 0) { ptx::mbar_arrive(&ss.bar_q_empty); }
+          if (n == 0) { ptx::mbar_arrive(&ss.bar_q_empty[qs.index]); }
           if constexpr (std::is_same_v<decltype(masked), bool>) {
             if (masked) { apply_mask(p, tSrS, tScS, m, n); }
           } else if constexpr (decltype(masked)::value) {
@@ -355,6 +362,7 @@ struct FwdMainKernel {
         }
         warpgroup_wait<0>();
         ptx::mbar_arrive(&ss.bar_v_empty[kv_prev.index]);
+        qs.advance();
       } else if constexpr (Traits::kOverlapTileEnd) {
         finish_row_stats();  // no key at all: O = 0, LSE = -inf
       }

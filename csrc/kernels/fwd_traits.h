@@ -63,6 +63,7 @@ struct FwdTraits {
   static constexpr int NumMmaThreads = NumMmaWarpGroups * 128;
   static constexpr int NumThreads = NumMmaThreads + 128;  // + one producer warpgroup
   static constexpr int kStages = Config::kStagesKV;
+  static constexpr int kStagesQ = Config::kStagesQ;
   static constexpr bool kPingPong = Config::kPingPong && NumMmaWarpGroups > 1;
   static constexpr bool kOverlapTileEnd = Config::kOverlapTileEnd;
   static constexpr int kProducerRegisters = 24;
@@ -88,7 +89,7 @@ struct FwdTraits {
 
   // ---- Shared-memory layouts -----------------------------------------------------------
   using SmemAtom = GMMA::Layout_K_SW128_Atom<Element>;
-  using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+  using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>, Int<kStagesQ>>{}));
   using SmemLayoutK = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
   using SmemLayoutV = SmemLayoutK;
   using SmemLayoutVt = decltype(composition(
@@ -100,7 +101,7 @@ struct FwdTraits {
   using StrideBSHD = Stride<int64_t, _1, int64_t, int64_t>;
   using GmemTensor = decltype(make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeBSHD{},
                                           StrideBSHD{}));
-  using TMA_Q = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutQ{},
+  using TMA_Q = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, take<0, 2>(SmemLayoutQ{}),
                                        Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
   using TMA_KV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, take<0, 2>(SmemLayoutK{}),
                                         Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
@@ -113,8 +114,8 @@ struct FwdTraits {
     alignas(1024) Element smem_q[cosize_v<SmemLayoutQ>];
     alignas(1024) Element smem_k[cosize_v<SmemLayoutK>];
     alignas(1024) Element smem_v[cosize_v<SmemLayoutV>];
-    alignas(8) uint64_t bar_q_full;
-    uint64_t bar_q_empty;
+    alignas(8) uint64_t bar_q_full[kStagesQ];
+    uint64_t bar_q_empty[kStagesQ];
     uint64_t bar_k_full[kStages];
     uint64_t bar_k_empty[kStages];
     uint64_t bar_v_full[kStages];

@@ -65,9 +65,20 @@ class BwdTileConfig:
     # against every 4th: every 3rd -1.5 % non-det, -0.6 % det; every 6th at hdim 64 +0.0 to +1.6 %
     # non-det, +1.2 to +3.2 % det, at hdim 128 full -2.7 to -4.5 % non-det (so hdim 128 keeps 4).
     exp2_fma_every: int = 0
+    # Non-deterministic launches run a mainloop that loads a step's LSE into registers before
+    # its S^T GEMM is issued (BwdMainKernel's kLseEarly), instead of reading it from shared
+    # memory after the S^T wait. Measured on the H200 at hdim 128 causal (docs/kernel-notes.md,
+    # sixteenth and seventeenth passes): non-det +0.6 to +1.9 % in A/Bs, +1.3 to +1.8 % in the
+    # grid; the same loads cost the deterministic mode 1.6 to 4.6 %, so deterministic launches
+    # keep the other mainloop. Needs 64-row Q tiles: block_m / 4 LSE values per thread, and 20 or
+    # 32 of them spill (ninth pass).
+    lse_early_nondet: bool = False
     note: str = ""
 
     def __post_init__(self) -> None:
+        if self.lse_early_nondet and self.block_m != 64:
+            raise ValueError(f"lse_early_nondet needs block_m=64 (block_m / 4 LSE values per thread in "
+                             f"registers), not block_m={self.block_m}")
         if self.block_n != 64 * self.mma_warpgroups:
             raise ValueError(f"block_n={self.block_n} must be 64 * mma_warpgroups={self.mma_warpgroups}")
         if self.block_m % 16 != 0:
@@ -130,7 +141,7 @@ BWD_TILE_CONFIGS: tuple[BwdTileConfig, ...] = (
     BwdTileConfig(64, False, 128, 128, 2, 2, 2, 2, 1, 1, 6, note="FA3's hdim-64 tile; ~193 KB smem"),
     BwdTileConfig(64, True, 128, 128, 2, 2, 2, 2, 1, 2, 6, note="FA3's hdim-64 tile; ~193 KB smem"),
     BwdTileConfig(128, False, 80, 128, 2, 2, 2, 2, 1, 1, 4, note="FA3's full-mask hdim-128 tile, dQ transposed; ~225 KB smem"),
-    BwdTileConfig(128, True, 64, 128, 2, 2, 2, 2, 1, 2, 4, note="FA3's causal hdim-128 tile; ~193 KB smem"),
+    BwdTileConfig(128, True, 64, 128, 2, 2, 2, 2, 1, 2, 4, lse_early_nondet=True, note="FA3's causal hdim-128 tile; ~193 KB smem"),
 )
 
 @dataclass(frozen=True)
@@ -161,7 +172,8 @@ class FwdTileConfig:
     # tile's last S GEMM, and the load's latency can fall between the epilogue and the next
     # tile's first GEMM. Measured on the H200 (docs/kernel-notes.md, seventeenth pass): hdim 64
     # full +0.9 to +2.0 % (1k-16k, two builds); hdim 64 causal -0.5 to -1.4 %; hdim 128 -2 to
-    # -9 % (not the larger shared memory: 32 KB of padding alone measured +-0.5 %). Same bits.
+    # -9 % (not the larger shared memory: 32 KB of padding alone measured -0.9 to +0.2 %, one
+    # 16k row -1.8 %). Same bits.
     q_stages: int = 1
     note: str = ""
 
@@ -271,6 +283,7 @@ def render_cpp_header() -> str:
             f"  static constexpr int kStagesdQ = {cfg.dq_stages};",
             f"  static constexpr int kdQChains = {cfg.dq_chains};",
             f"  static constexpr int kExp2FmaEvery = {cfg.exp2_fma_every};",
+            f"  static constexpr bool kLseEarlyNondet = {'true' if cfg.lse_early_nondet else 'false'};",
             f"  static constexpr bool dQ_split_rows = {'true' if cfg.dq_split_rows else 'false'};",
             f"  static constexpr bool dQ_transposed = {'true' if cfg.dq_transposed else 'false'};",
             "};",

@@ -512,6 +512,8 @@ def test_tile_config_invariants_are_enforced():
         with pytest.raises(ValueError, match=f"exp2_fma_every={every} must be 0"):
             C.BwdTileConfig(64, False, 128, 128, 2, 2, 2, 2, 1, 1, every)
     assert C.BwdTileConfig(64, False, 128, 128, 2, 2, 2, 2, 1, 1, 0).exp2_fma_every == 0
+    with pytest.raises(ValueError, match="lse_early_nondet needs block_m=64"):
+        C.BwdTileConfig(64, False, 128, 128, 2, 2, 2, 2, lse_early_nondet=True)
 
 
 @pytest.mark.parametrize("cfg", C.FWD_TILE_CONFIGS, ids=lambda c: f"d{c.head_dim}-{'causal' if c.causal else 'full'}")
@@ -571,12 +573,34 @@ def test_render_cpp_header_has_every_config():
             "kStagesdQ": _cpp(cfg.dq_stages),
             "kdQChains": _cpp(cfg.dq_chains),
             "kExp2FmaEvery": _cpp(cfg.exp2_fma_every),
+            "kLseEarlyNondet": _cpp(cfg.lse_early_nondet),
             "dQ_split_rows": _cpp(cfg.dq_split_rows),
             "dQ_transposed": _cpp(cfg.dq_transposed),
         }
     dims = ", ".join(map(str, C.SUPPORTED_HEAD_DIMS))
     assert f"inline constexpr int kSupportedHeadDims[] = {{{dims}}};" in text
     assert f"inline constexpr int kPreprocessThreads = {C.PREPROCESS_THREADS};" in text
+
+
+_FWD_SPEC = re.compile(r"template <> struct FwdTileConfig<(\d+), (true|false)> \{(.*?)\};", re.S)
+
+
+def test_render_cpp_header_has_every_forward_config():
+    specs = {(int(d), c == "true"): dict(_FIELD.findall(body)) for d, c, body in _FWD_SPEC.findall(C.render_cpp_header())}
+    assert len(specs) == len(C.FWD_TILE_CONFIGS)
+    for cfg in C.FWD_TILE_CONFIGS:
+        assert specs[(cfg.head_dim, cfg.causal)] == {
+            "kHeadDim": _cpp(cfg.head_dim),
+            "Is_causal": _cpp(cfg.causal),
+            "kBlockM": _cpp(cfg.block_m),
+            "kBlockN": _cpp(cfg.block_n),
+            "NumMmaWarpGroups": _cpp(cfg.mma_warpgroups),
+            "kStagesKV": _cpp(cfg.kv_stages),
+            "kMmaRegisters": _cpp(cfg.mma_registers),
+            "kPingPong": _cpp(cfg.pingpong),
+            "kOverlapTileEnd": _cpp(cfg.overlap_tile_end),
+            "kStagesQ": _cpp(cfg.q_stages),
+        }
 
 
 def test_config_module_writes_the_header(tmp_path):

@@ -115,6 +115,26 @@ def test_every_output_element_written(head_dim, causal, monkeypatch):
             f"unwritten output at {sq}x{sk} {_tag(seed)}")
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("seqlens", [(1500, 1500), (1500, 700), (700, 1500)])
+def test_forward_few_ctas_many_tiles(seqlens, causal, head_dim):
+    """One CTA (and three) working through every Q tile: each CTA cycles its Q buffers
+    (FwdTileConfig.q_stages) and K/V stages through many phases, and under a causal mask with
+    seqlen_q > seqlen_k skips the tiles that see no key on both sides of its pipelines. Matches
+    the reference, and the bits of the full grid."""
+    seqlen_q, seqlen_k = seqlens
+    seed = _seed("few-ctas", seqlens, causal, head_dim)
+    q, k, v = _inputs(2, seqlen_q, seqlen_k, 4, 2, head_dim, torch.bfloat16, seed)
+    sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+    full_out, full_lse = _fwd_op(q, k, v, causal)
+    for ctas in (1, 3):
+        out, lse = _fwd_op(q, k, v, causal, sm_margin=sms - ctas)
+        label = f"{seqlens} causal={causal} d={head_dim} ctas={ctas} {_tag(seed)}"
+        _check_forward(q, k, v, causal, out, lse, label)
+        assert torch.equal(out, full_out) and torch.equal(lse, full_lse), f"{label}: bits differ from the full grid"
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_forward_bits_independent_of_run_and_grid(causal):
     seed = _seed("bits", causal)

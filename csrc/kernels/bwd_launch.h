@@ -21,9 +21,10 @@
 
 namespace dash {
 
+// Shared by the forward and backward launch code (fwd_launch.h includes this header).
 inline void check_cuda(cudaError_t err, char const* what) {
   if (err != cudaSuccess) {
-    throw std::runtime_error(std::string("DASH backward: ") + what + " failed: " + cudaGetErrorString(err));
+    throw std::runtime_error(std::string("DASH: ") + what + " failed: " + cudaGetErrorString(err));
   }
 }
 
@@ -250,10 +251,10 @@ void run_bwd_impl(BwdParams const& p, cudaStream_t stream) {
     mp.heads_per_kv_head = p.num_heads / p.num_heads_k;
     mp.deterministic = p.deterministic;
     mp.schedule = schedule;
-    // Non-deterministic launches of a tile where the LSE fits in registers run the mainloop
-    // that loads it before the S^T GEMM (BwdMainKernel, kLseEarly); deterministic ones keep
-    // the loads after the S^T wait, which measured faster for them (sixteenth pass).
-    if constexpr (Traits::kLseEarlyFits) {
+    // Non-deterministic launches of the tiles the config table marks (lse_early_nondet) run the
+    // mainloop that loads the LSE before the S^T GEMM (BwdMainKernel, kLseEarly); deterministic
+    // ones keep the loads after the S^T wait, which measured faster for them (sixteenth pass).
+    if constexpr (Traits::kLseEarlyNondet) {
       if (!p.deterministic) {
         launch_main_kernel<Traits, Schedule, true>(mp, num_ctas, stream);
         return;

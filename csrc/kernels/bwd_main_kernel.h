@@ -31,11 +31,12 @@ using namespace cute;
 
 // kLseEarly: load a step's LSE into registers before its S^T GEMM is issued, instead of
 // reading it from shared memory in the exponential loop after the S^T wait. Measured on the
-// H200 (docs/kernel-notes.md, sixteenth pass) the same binary ran 1-2 % faster without
-// determinism and 2-4 % slower with it, so only non-deterministic launches use it.
+// H200 (docs/kernel-notes.md, sixteenth pass) the same binary ran 0.6-1.9 % faster without
+// determinism and 1.6-4.6 % slower with it, so only non-deterministic launches use it
+// (BwdTileConfig.lse_early_nondet).
 template <class Traits, class Schedule, bool kLseEarly = false>
 struct BwdMainKernel {
-  static_assert(!kLseEarly || Traits::kLseEarlyFits, "the LSE registers spill with this tile");
+  static_assert(!kLseEarly || Traits::kBlockM == 64, "the LSE registers spill with this tile");
   using Element = typename Traits::Element;
   using Params = typename Traits::template MainParams<Schedule>;
   using SharedStorage = typename Traits::SharedStorage;

@@ -37,10 +37,9 @@ struct BwdTraits {
   static constexpr int kStagesdQ = Config::kStagesdQ;
   static constexpr int kExp2FmaEvery = Config::kExp2FmaEvery;  // see BwdTileConfig.exp2_fma_every
   static constexpr int kdQChains = Config::kdQChains;  // deterministic dQ accumulation chains
-  // Whether a non-deterministic launch may run the mainloop variant that loads a step's LSE
-  // into registers before its S^T GEMM is issued (BwdMainKernel's kLseEarly): 16 values per
-  // thread with 64-row Q tiles; with larger tiles the 20-32 registers spill (ninth pass).
-  static constexpr bool kLseEarlyFits = kBlockM == 64;
+  // Non-deterministic launches run the mainloop that loads a step's LSE into registers before
+  // its S^T GEMM is issued (BwdMainKernel's kLseEarly; BwdTileConfig.lse_early_nondet).
+  static constexpr bool kLseEarlyNondet = Config::kLseEarlyNondet;
   static constexpr bool dQ_split_rows = Config::dQ_split_rows;
   static constexpr bool dQ_transposed = Config::dQ_transposed;  // dQ^T = K^T dS^T (BwdTileConfig.dq_transposed)
 

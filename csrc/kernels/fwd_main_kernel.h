@@ -18,6 +18,9 @@
 //     for the tensor cores at the same moment.
 // KV blocks are visited from the last to the first: under a causal mask the partially
 // masked diagonal blocks come first, before the running max has settled.
+// Q tiles go through kStagesQ shared-memory buffers (FwdTileConfig.q_stages): with two, the
+// next tile's Q is loaded while the current tile runs (hdim 64 full; at hdim 128 two buffers
+// measured slower, kernel notes, seventeenth pass).
 #pragma once
 
 #include <type_traits>
@@ -114,9 +117,11 @@ struct FwdMainKernel {
       Tensor tVgV = tma_v.partition_S(gV);
 
       // A Q buffer is free once every MMA thread's last S GEMM of the tile it held is done.
-      // With two buffers that is the tile before the current one, so this load is issued as
-      // soon as the tile is claimed (under the current tile's last blocks), not after the
-      // current tile's last S GEMM.
+      // With one buffer (kStagesQ = 1) that is the tile the MMA warpgroups are still working
+      // on, so this load waits for its last S GEMM. With two it is the tile before that one,
+      // normally finished by now, so the load goes out when this tile is claimed: up to
+      // kStages blocks before the MMA warpgroups reach it (fewer when the tile before had
+      // fewer blocks).
       ptx::mbar_wait(&ss.bar_q_empty[qs.index], qs.phase ^ 1);
       ptx::mbar_arrive_expect_tx(&ss.bar_q_full[qs.index], Traits::kBytesQ);
       copy(p.tma_q.with(ss.bar_q_full[qs.index], 0), tQgQ, tQsQ(_, _, _, qs.index));
@@ -140,7 +145,7 @@ struct FwdMainKernel {
       // causal 2k-16k by tools/fwd_tile_order_model.py, 8.6 % measured by ncu at 8k; claiming
       // late took the forward +4-8 % there, same bits). With one Q buffer the atomic's latency
       // is hidden (the next Q load waits for this tile's last S GEMM anyway); with two it
-      // comes before the next Q load, which still starts blocks ahead of its first use.
+      // delays the next Q load, which is still issued while this tile's blocks run.
       t = int(gridDim.x) + atomicAdd(p.tile_counter, 1);
     }
   }

@@ -68,7 +68,14 @@ def test_short_names_of_both_passes(ck):
            "(dash::FwdTraits<128>::MainParams)")
     bwd = "void dash::bwd_main_kernel<dash::BwdTraits<64, true, cutlass::half_t>, dash::ClaimedSchedule<> >(P)"
     assert ck.short_name(fwd) == "fwd_main_kernel hdim128 full bfloat16_t"
-    assert ck.short_name(bwd) == "bwd_main_kernel hdim64 causal half_t"
+    assert ck.short_name(bwd) == "bwd_main_kernel hdim64 causal half_t claimed"
+    real = ("void dash::bwd_main_kernel<dash::BwdTraits<128, true, cutlass::bfloat16_t>, dash::ClaimedSchedule<"
+            "dash::TileGeometryT<dash::StaticBlocks<64, 128> > >, {}>(dash::BwdTraits<128, true, "
+            "cutlass::bfloat16_t>::MainParams<dash::ClaimedSchedule<dash::TileGeometryT<dash::StaticBlocks<64, 128> > > >)")
+    assert ck.short_name(real.format("true")) == "bwd_main_kernel hdim128 causal bfloat16_t claimed lse-early"
+    assert ck.short_name(real.format("false")) == "bwd_main_kernel hdim128 causal bfloat16_t claimed"
+    shift = real.format("false").replace("ClaimedSchedule", "ShiftSchedule")
+    assert ck.short_name(shift) == "bwd_main_kernel hdim128 causal bfloat16_t shift"
 
 
 def test_ptxas_wgmma_serialisation_is_attributed_to_its_kernel(ck):

@@ -68,12 +68,22 @@ def demangle(names: list[str]) -> dict[str, str]:
 
 def short_name(demangled: str) -> str:
     """'void dash::bwd_main_kernel<dash::BwdTraits<128, true, cutlass::bfloat16_t>>(...)' (or FwdTraits)
-    -> 'bwd_main_kernel hdim128 causal bfloat16_t'."""
+    -> 'bwd_main_kernel hdim128 causal bfloat16_t'. A backward main kernel also names its schedule
+    class and, when it is the non-deterministic mainloop variant, 'lse-early': the kernels of one
+    translation unit differ only there ('..., dash::ShiftSchedule<...>, false>')."""
     m = re.search(r"dash::(\w+)<dash::(?:Bwd|Fwd)Traits<(\d+), (true|false), cutlass::(\w+)>", demangled)
     if not m:
         return demangled[:100]
     kernel, hdim, causal, dtype = m.groups()
-    return f"{kernel} hdim{hdim} {'causal' if causal == 'true' else 'full'} {dtype}"
+    name = f"{kernel} hdim{hdim} {'causal' if causal == 'true' else 'full'} {dtype}"
+    schedule = re.search(r"dash::(\w+)Schedule<", demangled)
+    if schedule:
+        name += f" {schedule.group(1).lower()}"
+    # The kernel's own template arguments end at the first '>(' (the parameter list follows).
+    args = demangled.split(">(", 1)[0]
+    if re.search(r", (?:\(bool\))?(?:true|1)$", args):
+        name += " lse-early"
+    return name
 
 
 def compile_tu(nvcc: str, cutlass: Path, tu: Path, outdir: Path) -> tuple[Path, str, Path]:
@@ -227,9 +237,9 @@ def main(argv: list[str] | None = None) -> int:
                                     f"EX2 before the WGMMA wait {loop['ex2_before_wait']}/{loop['ex2']}")
                 rows.append((tu.name, name, k.get("registers", -1), spills, k.get("stack", 0), "; ".join(note)))
 
-    print(f"{'translation unit':<24} {'kernel':<44} {'regs':>5} {'spill B':>8} {'stack B':>8}  notes")
+    print(f"{'translation unit':<24} {'kernel':<60} {'regs':>5} {'spill B':>8} {'stack B':>8}  notes")
     for row in rows:
-        print(f"{row[0]:<24} {row[1]:<44} {row[2]:>5} {row[3]:>8} {row[4]:>8}  {row[5]}")
+        print(f"{row[0]:<24} {row[1]:<60} {row[2]:>5} {row[3]:>8} {row[4]:>8}  {row[5]}")
     if failures:
         print("\nFAILED:")
         for f in failures:

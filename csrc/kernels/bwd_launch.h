@@ -61,13 +61,12 @@ inline BSHDStrides checked_tma_strides(char const* name, void const* ptr, BSHDSt
 // fitting).
 template <auto kKernel>
 void ensure_max_dynamic_smem(int smem_bytes) {
-  auto const kernel = kKernel;
   constexpr int kMaxDevices = 64;
   static std::once_flag flags[kMaxDevices];
   int device = 0;
   check_cuda(cudaGetDevice(&device), "cudaGetDevice");
   auto set = [&] {
-    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes),
+    check_cuda(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes),
                "cudaFuncSetAttribute(max dynamic shared memory)");
   };
   if (device < kMaxDevices) {
@@ -79,9 +78,9 @@ void ensure_max_dynamic_smem(int smem_bytes) {
 
 template <class Traits, class Schedule, bool kLseEarly>
 void launch_main_kernel(typename Traits::template MainParams<Schedule> const& mp, int num_ctas, cudaStream_t stream) {
-  auto kernel = bwd_main_kernel<Traits, Schedule, kLseEarly>;
+  constexpr auto kernel = &bwd_main_kernel<Traits, Schedule, kLseEarly>;
   constexpr int smem_bytes = Traits::kSmemBytes;
-  ensure_max_dynamic_smem<bwd_main_kernel<Traits, Schedule, kLseEarly>>(smem_bytes);
+  ensure_max_dynamic_smem<kernel>(smem_bytes);
 
   // Cooperative launch: the driver refuses a grid whose CTAs cannot all be resident at
   // once, so every CTA a deterministic wait may depend on is guaranteed to be running.

@@ -94,9 +94,9 @@ void run_fwd_impl(FwdParams const& p, cudaStream_t stream) {
   mp.order.num_tiles = int(num_tiles);
   mp.tile_counter = p.tile_counter;
 
-  auto kernel = fwd_main_kernel<Traits>;
+  constexpr auto kernel = &fwd_main_kernel<Traits>;
   constexpr int smem_bytes = Traits::kSmemBytes;
-  ensure_max_dynamic_smem<fwd_main_kernel<Traits>>(smem_bytes);
+  ensure_max_dynamic_smem<kernel>(smem_bytes);
   int const num_ctas = num_tiles < p.num_ctas_max ? int(num_tiles) : p.num_ctas_max;
   check_cuda(cudaMemsetAsync(p.tile_counter, 0, sizeof(int), stream), "cudaMemsetAsync(tile_counter)");
   kernel<<<num_ctas, Traits::NumThreads, smem_bytes, stream>>>(mp);

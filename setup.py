@@ -249,6 +249,20 @@ def _extension_kwargs() -> dict:
         the manifest and places the kernels beside the sources too."""
 
         def build_extensions(self) -> None:
+            # Ninja reuses an object when its recorded header dependencies say it is current, and
+            # those records can be empty (a build interrupted, or two builds sharing one folder):
+            # a kernel object older than the sources the manifest names was once linked so and
+            # ran a variant's mainloop. Objects are reused only by a build of the same sources;
+            # any change to csrc/ or the config table compiles every translation unit afresh.
+            build_temp = Path(self.build_temp)
+            stamp = build_temp / "dash_sources_digest"
+            digest = str(manifest["sources_digest"])
+            same_sources = (manifest["sources_digest"] is not None and stamp.is_file()
+                            and stamp.read_text().strip() == digest)
+            if not same_sources:
+                shutil.rmtree(build_temp, ignore_errors=True)
+            build_temp.mkdir(parents=True, exist_ok=True)
+            stamp.unlink(missing_ok=True)  # written back only after this build succeeds
             log = tempfile.TemporaryFile()
             sys.stdout.flush()
             sys.stderr.flush()
@@ -280,6 +294,7 @@ def _extension_kwargs() -> dict:
                 sys.stderr.flush()
                 raise SystemExit(f"DASH kernel build failed: {first}")
             sys.stdout.write(text)
+            stamp.write_text(digest + "\n")
             built = Path(self.get_ext_fullpath("dash._C"))
             targets = [built.parent]
             source_pkg = ROOT / "dash"

@@ -69,16 +69,22 @@ class BwdTileConfig:
     # its S^T GEMM is issued (BwdMainKernel's kLseEarly), instead of reading it from shared
     # memory after the S^T wait. Measured on the H200 at hdim 128 causal (docs/kernel-notes.md,
     # sixteenth and seventeenth passes): non-det +0.6 to +1.9 % in A/Bs, +1.3 to +1.8 % in the
-    # grid; the same loads cost the deterministic mode 1.6 to 4.6 %, so deterministic launches
-    # keep the other mainloop. Needs 64-row Q tiles: block_m / 4 LSE values per thread, and 20 or
-    # 32 of them spill (ninth pass).
+    # grid. Needs 64-row Q tiles: block_m / 4 LSE values per thread, and 20 or 32 of them spill
+    # (ninth pass).
     lse_early_nondet: bool = False
+    # The same for deterministic launches. With one dQ staging buffer the early loads cost the
+    # deterministic mode 1.6 to 4.6 % (its MMA warps then wait longer for the dQ writer to free
+    # the buffer, ncu, seventeenth pass); with two (dq_stages = 2) the pair measured +0.3 to
+    # +2.5 % deterministic and -0.4 to +2.8 % non-deterministic at hdim 128 causal 2k-16k
+    # against one buffer and the late loads (eighteenth pass).
+    lse_early_det: bool = False
     note: str = ""
 
     def __post_init__(self) -> None:
-        if self.lse_early_nondet and self.block_m != 64:
-            raise ValueError(f"lse_early_nondet needs block_m=64 (block_m / 4 LSE values per thread in "
-                             f"registers), not block_m={self.block_m}")
+        for field in ("lse_early_nondet", "lse_early_det"):
+            if getattr(self, field) and self.block_m != 64:
+                raise ValueError(f"{field} needs block_m=64 (block_m / 4 LSE values per thread in "
+                                 f"registers), not block_m={self.block_m}")
         if self.block_n != 64 * self.mma_warpgroups:
             raise ValueError(f"block_n={self.block_n} must be 64 * mma_warpgroups={self.mma_warpgroups}")
         if self.block_m % 16 != 0:
@@ -141,7 +147,10 @@ BWD_TILE_CONFIGS: tuple[BwdTileConfig, ...] = (
     BwdTileConfig(64, False, 128, 128, 2, 2, 2, 2, 1, 1, 6, note="FA3's hdim-64 tile; ~193 KB smem"),
     BwdTileConfig(64, True, 128, 128, 2, 2, 2, 2, 1, 2, 6, note="FA3's hdim-64 tile; ~193 KB smem"),
     BwdTileConfig(128, False, 80, 128, 2, 2, 2, 2, 1, 1, 4, note="FA3's full-mask hdim-128 tile, dQ transposed; ~225 KB smem"),
-    BwdTileConfig(128, True, 64, 128, 2, 2, 2, 2, 1, 2, 4, lse_early_nondet=True, note="FA3's causal hdim-128 tile; ~193 KB smem"),
+    # hdim 128 causal: two dQ staging buffers with the LSE loaded early in both modes (eighteenth
+    # pass); with the late loads a second buffer had measured det +0-1 %, non-det -1-1.5 % (fourth).
+    BwdTileConfig(128, True, 64, 128, 2, 2, 2, 2, 2, 2, 4, lse_early_nondet=True, lse_early_det=True,
+                  note="FA3's causal hdim-128 tile, two dQ staging buffers; ~225 KB smem"),
 )
 
 @dataclass(frozen=True)
@@ -284,6 +293,7 @@ def render_cpp_header() -> str:
             f"  static constexpr int kdQChains = {cfg.dq_chains};",
             f"  static constexpr int kExp2FmaEvery = {cfg.exp2_fma_every};",
             f"  static constexpr bool kLseEarlyNondet = {'true' if cfg.lse_early_nondet else 'false'};",
+            f"  static constexpr bool kLseEarlyDet = {'true' if cfg.lse_early_det else 'false'};",
             f"  static constexpr bool dQ_split_rows = {'true' if cfg.dq_split_rows else 'false'};",
             f"  static constexpr bool dQ_transposed = {'true' if cfg.dq_transposed else 'false'};",
             "};",

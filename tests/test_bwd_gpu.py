@@ -238,18 +238,19 @@ def _main_kernel_lse_early(fn) -> bool:
 
 @pytest.mark.parametrize("deterministic", [False, True])
 @pytest.mark.parametrize("head_dim,causal", [(128, True), (128, False), (64, True), (64, False)])
-def test_lse_early_mainloop_runs_only_without_determinism(head_dim, causal, deterministic):
-    """The mainloop that loads the LSE before the S^T GEMM (0.6-1.9 % faster without
-    determinism, 1.6-4.6 % slower with it; docs/kernel-notes.md, sixteenth pass) runs exactly for
-    non-deterministic launches of the tiles the config table marks (lse_early_nondet), and its
-    gradients agree with the deterministic mainloop's within the reference bound."""
+def test_lse_early_mainloop_runs_where_the_table_says(head_dim, causal, deterministic):
+    """The mainloop that loads the LSE before the S^T GEMM runs exactly for the launches the
+    config table marks per mode (lse_early_nondet, lse_early_det), and its gradients agree with
+    the float64 reference. It once caught a stale build object that ran that mainloop in a mode
+    the table did not mark (docs/kernel-notes.md, eighteenth pass)."""
     seed = _seed("lse-early", head_dim, causal, deterministic)
     q, k, v, dout = _inputs(1, 1000, 1000, 2, 2, head_dim, torch.bfloat16, seed)
     out, lse = _forward(q, k, v, causal)
     grads = []
     early = _main_kernel_lse_early(
         lambda: grads.extend(attention_backward(dout, q, k, v, out, lse, causal=causal, deterministic=deterministic)))
-    expected = not deterministic and bwd_tile_config(head_dim, causal).lse_early_nondet
+    cfg = bwd_tile_config(head_dim, causal)
+    expected = cfg.lse_early_det if deterministic else cfg.lse_early_nondet
     assert early == expected, (f"hdim {head_dim} causal={causal} deterministic={deterministic}: kLseEarly "
                                f"mainloop {'ran' if early else 'did not run'}")
     _check_against_reference(q, k, v, dout, out, lse, causal, grads, f"lse-early {_tag(seed)}")

@@ -514,6 +514,8 @@ def test_tile_config_invariants_are_enforced():
     assert C.BwdTileConfig(64, False, 128, 128, 2, 2, 2, 2, 1, 1, 0).exp2_fma_every == 0
     with pytest.raises(ValueError, match="lse_early_nondet needs block_m=64"):
         C.BwdTileConfig(64, False, 128, 128, 2, 2, 2, 2, lse_early_nondet=True)
+    with pytest.raises(ValueError, match="lse_early_det needs block_m=64"):
+        C.BwdTileConfig(128, False, 80, 128, 2, 2, 2, 2, lse_early_det=True)
 
 
 @pytest.mark.parametrize("cfg", C.FWD_TILE_CONFIGS, ids=lambda c: f"d{c.head_dim}-{'causal' if c.causal else 'full'}")
@@ -574,6 +576,7 @@ def test_render_cpp_header_has_every_config():
             "kdQChains": _cpp(cfg.dq_chains),
             "kExp2FmaEvery": _cpp(cfg.exp2_fma_every),
             "kLseEarlyNondet": _cpp(cfg.lse_early_nondet),
+            "kLseEarlyDet": _cpp(cfg.lse_early_det),
             "dQ_split_rows": _cpp(cfg.dq_split_rows),
             "dQ_transposed": _cpp(cfg.dq_transposed),
         }

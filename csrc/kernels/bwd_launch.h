@@ -250,16 +250,17 @@ void run_bwd_impl(BwdParams const& p, cudaStream_t stream) {
     mp.heads_per_kv_head = p.num_heads / p.num_heads_k;
     mp.deterministic = p.deterministic;
     mp.schedule = schedule;
-    // Non-deterministic launches of the tiles the config table marks (lse_early_nondet) run the
-    // mainloop that loads the LSE before the S^T GEMM (BwdMainKernel, kLseEarly); deterministic
-    // ones keep the loads after the S^T wait, which measured faster for them (sixteenth pass).
-    if constexpr (Traits::kLseEarlyNondet) {
-      if (!p.deterministic) {
-        launch_main_kernel<Traits, Schedule, true>(mp, num_ctas, stream);
-        return;
-      }
+    // The config table says per mode whether a launch runs the mainloop that loads the LSE
+    // before the S^T GEMM (BwdMainKernel's kLseEarly: lse_early_nondet, lse_early_det); only the
+    // instantiations some mode uses are compiled.
+    constexpr bool kEarlyNondet = Traits::kLseEarlyNondet, kEarlyDet = Traits::kLseEarlyDet;
+    if constexpr (kEarlyNondet == kEarlyDet) {
+      launch_main_kernel<Traits, Schedule, kEarlyDet>(mp, num_ctas, stream);
+    } else if (p.deterministic) {
+      launch_main_kernel<Traits, Schedule, kEarlyDet>(mp, num_ctas, stream);
+    } else {
+      launch_main_kernel<Traits, Schedule, kEarlyNondet>(mp, num_ctas, stream);
     }
-    launch_main_kernel<Traits, Schedule, false>(mp, num_ctas, stream);
   };
   // The kernel's geometry carries the tile sizes as compile-time constants.
   auto const kgeo = geo.template with_blocks<StaticBlocks<kBlockM, kBlockN>>();

@@ -31,9 +31,10 @@ using namespace cute;
 
 // kLseEarly: load a step's LSE into registers before its S^T GEMM is issued, instead of
 // reading it from shared memory in the exponential loop after the S^T wait. Measured on the
-// H200 (docs/kernel-notes.md, sixteenth pass) the same binary ran 0.6-1.9 % faster without
-// determinism and 1.6-4.6 % slower with it, so only non-deterministic launches use it
-// (BwdTileConfig.lse_early_nondet).
+// H200 (docs/kernel-notes.md, sixteenth to eighteenth passes) it ran 0.6-1.9 % faster without
+// determinism, and with determinism 1.6-4.6 % slower behind one dQ staging buffer but faster
+// behind two; the config table says per mode where it runs (BwdTileConfig.lse_early_nondet,
+// lse_early_det).
 template <class Traits, class Schedule, bool kLseEarly = false>
 struct BwdMainKernel {
   static_assert(!kLseEarly || Traits::kBlockM == 64, "the LSE registers spill with this tile");

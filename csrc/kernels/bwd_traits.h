@@ -37,9 +37,10 @@ struct BwdTraits {
   static constexpr int kStagesdQ = Config::kStagesdQ;
   static constexpr int kExp2FmaEvery = Config::kExp2FmaEvery;  // see BwdTileConfig.exp2_fma_every
   static constexpr int kdQChains = Config::kdQChains;  // deterministic dQ accumulation chains
-  // Non-deterministic launches run the mainloop that loads a step's LSE into registers before
-  // its S^T GEMM is issued (BwdMainKernel's kLseEarly; BwdTileConfig.lse_early_nondet).
+  // Which launches run the mainloop that loads a step's LSE into registers before its S^T GEMM
+  // is issued (BwdMainKernel's kLseEarly; BwdTileConfig.lse_early_nondet / lse_early_det).
   static constexpr bool kLseEarlyNondet = Config::kLseEarlyNondet;
+  static constexpr bool kLseEarlyDet = Config::kLseEarlyDet;
   static constexpr bool dQ_split_rows = Config::dQ_split_rows;
   static constexpr bool dQ_transposed = Config::dQ_transposed;  // dQ^T = K^T dS^T (BwdTileConfig.dq_transposed)
 

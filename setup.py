@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 from dash import config as dash_config  # noqa: E402  (pure Python, no torch)
 from dash._build import first_compiler_error, resolve_cuda_home, toolkit_headers  # noqa: E402
-from dash._sources import sources_digest  # noqa: E402  (pure Python)
+from dash._sources import prepare_build_folder, sources_digest  # noqa: E402  (pure Python)
 
 MANIFEST_NAME = "_build_manifest.json"
 GENERATED_DIR = ROOT / "csrc" / "generated"
@@ -249,20 +249,9 @@ def _extension_kwargs() -> dict:
         the manifest and places the kernels beside the sources too."""
 
         def build_extensions(self) -> None:
-            # Ninja reuses an object when its recorded header dependencies say it is current, and
-            # those records can be empty (a build interrupted, or two builds sharing one folder):
-            # a kernel object older than the sources the manifest names was once linked so and
-            # ran a variant's mainloop. Objects are reused only by a build of the same sources;
-            # any change to csrc/ or the config table compiles every translation unit afresh.
-            build_temp = Path(self.build_temp)
-            stamp = build_temp / "dash_sources_digest"
-            digest = str(manifest["sources_digest"])
-            same_sources = (manifest["sources_digest"] is not None and stamp.is_file()
-                            and stamp.read_text().strip() == digest)
-            if not same_sources:
-                shutil.rmtree(build_temp, ignore_errors=True)
-            build_temp.mkdir(parents=True, exist_ok=True)
-            stamp.unlink(missing_ok=True)  # written back only after this build succeeds
+            # Objects are reused only by a build of the same sources (dash/_sources.py says why).
+            digest = manifest["sources_digest"]
+            stamp = prepare_build_folder(Path(self.build_temp), digest)
             log = tempfile.TemporaryFile()
             sys.stdout.flush()
             sys.stderr.flush()
@@ -294,7 +283,8 @@ def _extension_kwargs() -> dict:
                 sys.stderr.flush()
                 raise SystemExit(f"DASH kernel build failed: {first}")
             sys.stdout.write(text)
-            stamp.write_text(digest + "\n")
+            if digest is not None:
+                stamp.write_text(digest + "\n")
             built = Path(self.get_ext_fullpath("dash._C"))
             targets = [built.parent]
             source_pkg = ROOT / "dash"

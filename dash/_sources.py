@@ -8,6 +8,7 @@ a one-line explanation instead of being run against Python code they do not matc
 from __future__ import annotations
 
 import hashlib
+import shutil
 from pathlib import Path
 
 #: What the compiled extension depends on, relative to the repository root.
@@ -28,3 +29,26 @@ def sources_digest(root: Path) -> str | None:
         h.update(p.read_bytes())
         h.update(b"\0")
     return h.hexdigest()[:16]
+
+
+#: File in the build folder naming the sources digest of the build that left its objects there.
+BUILD_STAMP_NAME = "dash_sources_digest"
+
+
+def prepare_build_folder(build_temp: Path, digest: str | None) -> Path:
+    """Keep the objects in ``build_temp`` only if the build that left them compiled the same
+    sources (its stamp equals ``digest``); otherwise remove them, so every translation unit is
+    compiled afresh. Returns the stamp's path, removed until the new build succeeds and writes it.
+
+    Ninja alone decides from the header dependencies it recorded per object, and those records
+    can be empty (a build interrupted, two builds sharing one folder): a kernel object older than
+    its headers was once linked into a build whose manifest named the newer sources
+    (docs/kernel-notes.md, eighteenth pass)."""
+    build_temp = Path(build_temp)
+    stamp = build_temp / BUILD_STAMP_NAME
+    same_sources = digest is not None and stamp.is_file() and stamp.read_text().strip() == digest
+    if not same_sources:
+        shutil.rmtree(build_temp, ignore_errors=True)
+    build_temp.mkdir(parents=True, exist_ok=True)
+    stamp.unlink(missing_ok=True)
+    return stamp

@@ -69,8 +69,8 @@ def demangle(names: list[str]) -> dict[str, str]:
 def short_name(demangled: str) -> str:
     """'void dash::bwd_main_kernel<dash::BwdTraits<128, true, cutlass::bfloat16_t>>(...)' (or FwdTraits)
     -> 'bwd_main_kernel hdim128 causal bfloat16_t'. A backward main kernel also names its schedule
-    class and, when it is the non-deterministic mainloop variant, 'lse-early': the kernels of one
-    translation unit differ only there ('..., dash::ShiftSchedule<...>, false>')."""
+    class and, when it is the mainloop that loads the LSE early (kLseEarly), 'lse-early': the kernels
+    of one translation unit differ only there ('..., dash::ShiftSchedule<...>, false>')."""
     m = re.search(r"dash::(\w+)<dash::(?:Bwd|Fwd)Traits<(\d+), (true|false), cutlass::(\w+)>", demangled)
     if not m:
         return demangled[:100]

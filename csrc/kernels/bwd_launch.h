@@ -251,15 +251,12 @@ void run_bwd_impl(BwdParams const& p, cudaStream_t stream) {
     mp.deterministic = p.deterministic;
     mp.schedule = schedule;
     // The config table says per mode whether a launch runs the mainloop that loads the LSE
-    // before the S^T GEMM (BwdMainKernel's kLseEarly: lse_early_nondet, lse_early_det); only the
-    // instantiations some mode uses are compiled.
-    constexpr bool kEarlyNondet = Traits::kLseEarlyNondet, kEarlyDet = Traits::kLseEarlyDet;
-    if constexpr (kEarlyNondet == kEarlyDet) {
-      launch_main_kernel<Traits, Schedule, kEarlyDet>(mp, num_ctas, stream);
-    } else if (p.deterministic) {
-      launch_main_kernel<Traits, Schedule, kEarlyDet>(mp, num_ctas, stream);
+    // before the S^T GEMM (BwdMainKernel's kLseEarly: lse_early_nondet, lse_early_det); where
+    // both modes say the same, the two calls name one instantiation.
+    if (p.deterministic) {
+      launch_main_kernel<Traits, Schedule, Traits::kLseEarlyDet>(mp, num_ctas, stream);
     } else {
-      launch_main_kernel<Traits, Schedule, kEarlyNondet>(mp, num_ctas, stream);
+      launch_main_kernel<Traits, Schedule, Traits::kLseEarlyNondet>(mp, num_ctas, stream);
     }
   };
   // The kernel's geometry carries the tile sizes as compile-time constants.

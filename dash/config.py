@@ -184,6 +184,13 @@ class FwdTileConfig:
     # -9 % (not the larger shared memory: 32 KB of padding alone measured -0.9 to +0.2 %, one
     # 16k row -1.8 %). Same bits.
     q_stages: int = 1
+    # Where a middle block waits for the V it multiplies by P. True: inside its ping-pong turn,
+    # after issuing S = Q K^T (FA3's place), so a V that is still loading delays only the P V
+    # issue, not the S GEMM, and the warpgroup enters its turn waiting on K alone. False: before
+    # taking the turn, K's and V's barriers back to back. Measured on the H200 (docs/kernel-notes.md,
+    # nineteenth pass): hdim 128 +0.5 to +3.2 % (2k-16k, full and causal); hdim 64 -0.2 to -2.5 %.
+    # Same bits.
+    v_wait_in_turn: bool = False
     note: str = ""
 
     def __post_init__(self) -> None:
@@ -210,8 +217,8 @@ class FwdTileConfig:
 FWD_TILE_CONFIGS: tuple[FwdTileConfig, ...] = (
     FwdTileConfig(64, False, 192, 128, 3, 2, 160, True, overlap_tile_end=True, q_stages=2, note="3 MMA warpgroups of 64 rows; ~112 KB smem"),
     FwdTileConfig(64, True, 192, 128, 3, 2, 160, True, overlap_tile_end=True, note="3 MMA warpgroups of 64 rows; ~88 KB smem"),
-    FwdTileConfig(128, False, 128, 128, 2, 2, 240, True, note="~160 KB smem"),
-    FwdTileConfig(128, True, 128, 128, 2, 2, 240, True, note="~160 KB smem"),
+    FwdTileConfig(128, False, 128, 128, 2, 2, 240, True, v_wait_in_turn=True, note="~160 KB smem"),
+    FwdTileConfig(128, True, 128, 128, 2, 2, 240, True, v_wait_in_turn=True, note="~160 KB smem"),
 )
 
 
@@ -317,6 +324,7 @@ def render_cpp_header() -> str:
             f"  static constexpr bool kPingPong = {'true' if cfg.pingpong else 'false'};",
             f"  static constexpr bool kOverlapTileEnd = {'true' if cfg.overlap_tile_end else 'false'};",
             f"  static constexpr int kStagesQ = {cfg.q_stages};",
+            f"  static constexpr bool kWaitVInTurn = {'true' if cfg.v_wait_in_turn else 'false'};",
             "};",
             "",
         ]

@@ -603,6 +603,7 @@ def test_render_cpp_header_has_every_forward_config():
             "kPingPong": _cpp(cfg.pingpong),
             "kOverlapTileEnd": _cpp(cfg.overlap_tile_end),
             "kStagesQ": _cpp(cfg.q_stages),
+            "kWaitVInTurn": _cpp(cfg.v_wait_in_turn),
         }
 
 

@@ -315,10 +315,13 @@ struct FwdMainKernel {
         // at run time (hdim 64).
         auto middle_step = [&](int n, auto masked) {
           Tensor tSrS = partition_fragment_C(tiled_mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});
+          // kWaitVInTurn (dash/config.py says where it pays): V is waited for between the two
+          // issues, inside the turn, as FA3 does; otherwise before the turn, beside K.
           ptx::mbar_wait(&ss.bar_k_full[kv.index], kv.phase);
-          ptx::mbar_wait(&ss.bar_v_full[kv_prev.index], kv_prev.phase);
+          if constexpr (!Traits::kWaitVInTurn) { ptx::mbar_wait(&ss.bar_v_full[kv_prev.index], kv_prev.phase); }
           wait_turn(wg);
           detail::wgmma_gemm<true, false>(tiled_mma_qk, tSrQ_tile, tSrK(_, _, _, kv.index), tSrS);
+          if constexpr (Traits::kWaitVInTurn) { ptx::mbar_wait(&ss.bar_v_full[kv_prev.index], kv_prev.phase); }
           detail::wgmma_gemm<false, true>(tiled_mma_pv, tOrP_A, tOrVt(_, _, _, kv_prev.index), tOrO);
           pass_turn(wg);
           warpgroup_wait<1>();  // S_n done

@@ -66,6 +66,7 @@ struct FwdTraits {
   static constexpr int kStagesQ = Config::kStagesQ;
   static constexpr bool kPingPong = Config::kPingPong && NumMmaWarpGroups > 1;
   static constexpr bool kOverlapTileEnd = Config::kOverlapTileEnd;
+  static constexpr bool kWaitVInTurn = Config::kWaitVInTurn;
   static constexpr int kProducerRegisters = 24;
   static constexpr int kMmaRegisters = Config::kMmaRegisters;
   static_assert(kBlockM == 64 * NumMmaWarpGroups, "each MMA warpgroup owns 64 rows of the Q tile");

@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'row':28s} " + " ".join(f"{m:>20s}" for m in modes))
     for sh in shapes:
         ms = time_row(sh, libs, modes, args.warmup, args.iters, args.burst)
-        fwd_flops = 4.0 * sh.batch * sh.heads * sh.seqlen * sh.seqlen * sh.head_dim / (2 if sh.causal else 1)
+        fwd_flops = sh.fwd_flops()
         tf = {m: (fwd_flops if modes[m][1] == "fwd" else 3.5 * fwd_flops) / (t * 1e-3) / 1e12 for m, t in ms.items()}
         rows.append({"shape": sh.__dict__, "label": sh.label(), "ms": ms, "tflops": tf})
         print(f"{sh.label():28s} " + " ".join(f"{tf.get(m, float('nan')):20.1f}" for m in modes), flush=True)

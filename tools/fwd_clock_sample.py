@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 
 import torch  # noqa: E402
 
+from dash import bench  # noqa: E402
 from dash._bench import refuse_without_gpu  # noqa: E402
 from dash.cli import OneLineErrorParser, head_dim, nonnegative_float, positive_int  # noqa: E402
 
@@ -61,10 +62,10 @@ def main() -> int:
         for d in a.hdim:
             for causal in masks:
                 for s in a.seqlen:
-                    b, h = max(1, 16384 // s), 2048 // d
-                    q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-                               for _ in range(3))
-                    flops = 4 * b * h * s * s * d / (2 if causal else 1)
+                    shape = bench.Shape.paper(s, d, causal)
+                    q, k, v = (torch.randn(shape.batch, s, shape.heads, d, device="cuda", dtype=torch.bfloat16,
+                                           requires_grad=True) for _ in range(3))
+                    flops = shape.fwd_flops()
                     per_lib: dict[str, list[dict]] = {lib: [] for lib in libs}
                     for lib in libs:  # warm-up (FA4 compiles on first use)
                         for _ in range(3):
@@ -77,7 +78,7 @@ def main() -> int:
                             time.sleep(0.3)  # let the previous library's clock state settle a little
                             torch.cuda.synchronize()
                             t0, n = time.time(), 0
-                            while time.time() - t0 < a.seconds:
+                            while n == 0 or time.time() - t0 < a.seconds:  # one batch at least (--seconds 0)
                                 for _ in range(8):
                                     fn(q, k, v, causal, False)
                                 n += 8
@@ -87,22 +88,22 @@ def main() -> int:
                             t1 = time.time()
                             w = sampler.window(t0 + 0.2, t1)
                             per_lib[lib].append({"ms": (t1 - t0) / n * 1e3, "calls": n, **w})
-                    label = f"hd{d} {'causal' if causal else 'full'} s{s} b{b} h{h}"
+                    label = shape.label()
                     print(f"\n{label}")
-                    base = None
+                    rows = {}
                     for lib in libs:
                         runs = per_lib[lib]
                         ms = sum(x["ms"] for x in runs) / len(runs)
                         mhz = [x["sm_mhz"] for x in runs if "sm_mhz" in x]
                         watts = [x["watts"] for x in runs if "watts" in x]
-                        mhz_m = sum(mhz) / len(mhz) if mhz else float("nan")
-                        w_m = sum(watts) / len(watts) if watts else float("nan")
-                        row = {"shape": label, "lib": lib, "ms": ms, "tflops": flops / ms / 1e9, "sm_mhz": mhz_m,
-                               "watts": w_m, "rounds": runs}
-                        if lib == "dash":
-                            base = row
+                        rows[lib] = {"shape": label, "lib": lib, "ms": ms, "tflops": flops / ms / 1e9,
+                                     "sm_mhz": sum(mhz) / len(mhz) if mhz else float("nan"),
+                                     "watts": sum(watts) / len(watts) if watts else float("nan"), "rounds": runs}
+                    base = rows.get("dash")
+                    for lib, row in rows.items():
+                        ms, mhz_m, w_m = row["ms"], row["sm_mhz"], row["watts"]
                         ratio = f"{ms / base['ms']:.3f}" if base else "-"
-                        cyc = f"{ms * mhz_m / (base['ms'] * base['sm_mhz']):.3f}" if base and mhz else "-"
+                        cyc = f"{ms * mhz_m / (base['ms'] * base['sm_mhz']):.3f}" if base else "-"
                         print(f"  {lib:12s} {ms:8.3f} ms  {row['tflops']:6.1f} TFLOP/s  SM {mhz_m:6.0f} MHz  "
                               f"{w_m:5.0f} W   time / DASH {ratio}  cycles / DASH {cyc}")
                         results.append(row)

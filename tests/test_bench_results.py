@@ -222,6 +222,7 @@ def test_gpu_scripts_refuse_without_a_gpu(script, tmp_path):
     ("tools/trace_step_periods.py", ("--seqlen", "0"), "--seqlen"),
     ("tools/fwd_clock_sample.py", ("--hdim", "96"), "--hdim"),
     ("tools/fwd_clock_sample.py", ("--rounds", "0"), "--rounds"),
+    ("tools/ab_time.py", ("--sustained", "-1"), "--sustained"),
     ("tools/trace_step_periods.py", ("--schedule", "zigzag"), "--schedule"),
 ])
 def test_bad_sizes_are_argument_errors(script, args, option, tmp_path):

@@ -28,9 +28,15 @@ python - "$OUT/ab.jsonl" <<'PY'
 import json, sys, collections, math
 rows = [json.loads(l) for l in open(sys.argv[1])]
 t = collections.defaultdict(list); dig = collections.defaultdict(dict)
+raw = collections.defaultdict(list); mhz = collections.defaultdict(list)  # DASH's own time and clock
+burst = collections.defaultdict(list)  # --sustained: the burst timing taken before it, normalised as above
+mean = lambda x: sum(x) / len(x)
 for r in rows:
     key = (r["op"] + (" det" if r.get("deterministic") else ""), r["hdim"], "causal" if r["causal"] else "full", r["seqlen"])
     t[key, r["label"]].append(r["dash_over_cudnn_time"]); dig[key][r["label"]] = r.get("digest")
+    raw[key, r["label"]].append(r["dash_ms"])
+    if r.get("dash_sm_mhz"): mhz[key, r["label"]].append(r["dash_sm_mhz"])
+    if r.get("burst_dash_ms"): burst[key, r["label"]].append(r["burst_dash_ms"] / r["burst_cudnn_ms"])
 labels = sorted({l for _, l in t} - {"base"})
 for lab in labels:
     g = collections.defaultdict(list)
@@ -41,7 +47,12 @@ for lab in labels:
         nondet_bwd = key[0] == "bwd"  # the non-deterministic backward's bits vary from run to run anyway
         same = "same bits" if dig[key].get(lab) == dig[key].get("base") else (
             "bwd bits differ (non-det: expected)" if nondet_bwd else "BITS DIFFER")
-        print(f"{lab:8s} {' '.join(map(str, key)):28s} speed-up {s:.3f}  base {' '.join('%.3f' % x for x in a)}  {lab} {' '.join('%.3f' % x for x in b)}  {same}")
+        # Under --sustained: DASH's own time ratio and median SM clocks (base / variant) as well.
+        extra = (f"  raw {mean(raw[key, 'base']) / mean(raw[key, lab]):.3f}  MHz {mean(mhz[key, 'base']):.0f}/{mean(mhz[key, lab]):.0f}"
+                 if mhz.get((key, "base")) and mhz.get((key, lab)) else "")
+        if burst.get((key, "base")) and burst.get((key, lab)):
+            extra += f"  burst {mean(burst[key, 'base']) / mean(burst[key, lab]):.3f}"
+        print(f"{lab:8s} {' '.join(map(str, key)):28s} speed-up {s:.3f}  base {' '.join('%.3f' % x for x in a)}  {lab} {' '.join('%.3f' % x for x in b)}  {same}{extra}")
     for op, v in g.items():
         print(f"{lab:8s} {op:10s} geomean speed-up {math.exp(sum(map(math.log, v)) / len(v)):.4f} over {len(v)} rows, worst {min(v):.3f}")
 PY

@@ -10,21 +10,28 @@ processes, at least twice each, and compare their cuDNN-normalised times, e.g.:
 
 The cuDNN column is the clock reference: it moved by up to 2 % between processes in earlier
 A/Bs (docs/kernel-notes.md, fourth pass), more than some changes under test.
+
+``--sustained SECONDS`` times under sustained load instead: DASH and cuDNN each run back to back
+for SECONDS per round (two rounds, order swapped), so the GPU sits at its power cap as in a
+training step, while ``nvidia-smi`` samples the SM clock and power (``bwd_kernel_breakdown``'s
+sampler); each line then also carries each side's median clock and power. Bursts of a few calls
+behind a sleep do not reach the cap, and there a variant that issues fewer instructions can lose
+to one that draws more power (docs/kernel-notes.md, nineteenth pass).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
 import torch
 
 from dash._bench import refuse_without_gpu
+from dash.cli import OneLineErrorParser, nonnegative_float
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = OneLineErrorParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--label", default="build", help="name of this build in the output")
     ap.add_argument("--op", choices=("fwd", "bwd"), default="fwd")
     ap.add_argument("--hdim", type=int, nargs="*", default=[64, 128])
@@ -32,10 +39,55 @@ def main() -> int:
     ap.add_argument("--mask", choices=("full", "causal", "both"), default="both")
     ap.add_argument("--deterministic", action="store_true", help="bwd: deterministic mode (schedule auto)")
     ap.add_argument("--iters", type=int, default=12)
+    ap.add_argument("--sustained", type=nonnegative_float, default=0.0,
+                    help="seconds of back-to-back calls per side and round under sustained load (0: bursts)")
     args = ap.parse_args()
     status = refuse_without_gpu("ab_time.py")
     if status:
         return status
+    sampler = None
+    if args.sustained > 0:
+        from bwd_kernel_breakdown import ClockSampler  # tools/, beside this script; dash is imported already
+
+        sampler = ClockSampler()
+    try:
+        return _time_rows(args, sampler)
+    finally:
+        if sampler is not None:
+            sampler.stop()
+
+
+def _sustained_ms(fns, inputs, seconds: float, sampler, rounds: int = 2) -> dict[str, dict]:
+    """Per side: time per call over windows of ``seconds`` of back-to-back calls (the host far
+    ahead of the GPU, a sync every 64 calls), and the median SM clock and power in them."""
+    import time
+
+    per: dict[str, list[dict]] = {name: [] for name in fns}
+    for r in range(rounds):
+        for name in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
+            fn = fns[name]
+            torch.cuda.synchronize()
+            t0, n = time.time(), 0
+            while n == 0 or time.time() - t0 < seconds:
+                for _ in range(8):
+                    fn(inputs)
+                n += 8
+                if n % 64 == 0:
+                    torch.cuda.synchronize()
+            torch.cuda.synchronize()
+            t1 = time.time()
+            per[name].append({"ms": (t1 - t0) / n * 1e3, **sampler.window(t0 + 0.2, t1)})
+    out = {}
+    for name, runs in per.items():
+        mhz = [x["sm_mhz"] for x in runs if "sm_mhz" in x]
+        watts = [x["watts"] for x in runs if "watts" in x]
+        out[name] = {"ms": sum(x["ms"] for x in runs) / len(runs),
+                     "sm_mhz": sum(mhz) / len(mhz) if mhz else None,
+                     "watts": sum(watts) / len(watts) if watts else None}
+    return out
+
+
+def _time_rows(args, sampler) -> int:
     import dash
     from dash import ops
     from dash.bench import Shape, cuda_time_ms_interleaved, make_input_sets
@@ -61,10 +113,17 @@ def main() -> int:
                 if errors or "dash" not in ms or "cudnn" not in ms:
                     print(f"ab_time: hdim {d} causal {causal} seqlen {s}: skipped, {errors}", file=sys.stderr, flush=True)
                     continue
+                clock = {}
+                if sampler is not None:  # these replace the burst timing above, which is kept beside them
+                    clock = {"burst_dash_ms": ms["dash"], "burst_cudnn_ms": ms["cudnn"]}
+                    sus = _sustained_ms(fns, inputs, args.sustained, sampler)
+                    ms = {name: x["ms"] for name, x in sus.items()}
+                    clock.update({f"{name}_{key}": x[key] for name, x in sus.items() for key in ("sm_mhz", "watts")})
+                    clock["sustained_s"] = args.sustained
                 print(json.dumps({"label": args.label, "op": args.op, "hdim": d, "causal": causal, "seqlen": s,
                                   "dash_ms": ms["dash"], "cudnn_ms": ms["cudnn"],
                                   "dash_over_cudnn_time": ms["dash"] / ms["cudnn"], "digest": digest,
-                                  "deterministic": bool(args.deterministic),
+                                  "deterministic": bool(args.deterministic), **clock,
                                   "dash_version": getattr(dash, "__file__", "?")}), flush=True)
     return 0
 

@@ -38,5 +38,7 @@ def __getattr__(name: str):
     if name in _LAZY_ATTRIBUTES:
         import importlib
 
-        return getattr(importlib.import_module(_LAZY_ATTRIBUTES[name]), name)
+        value = getattr(importlib.import_module(_LAZY_ATTRIBUTES[name]), name)
+        globals()[name] = value  # later lookups of dash.<name> skip this function (host time per call)
+        return value
     raise AttributeError(f"module 'dash' has no attribute {name!r}")

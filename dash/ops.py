@@ -171,17 +171,23 @@ if _ext.kernels_available():  # the C++ schemas exist only when dash._C loaded
 # ---------------------------------------------------------------------------------------
 # Launching the ops on validated inputs
 # ---------------------------------------------------------------------------------------
+def forward_kernel_schedule(schedule: str, q: Tensor, k: Tensor, v: Tensor, causal: bool, deterministic: bool,
+                            sm_margin: int) -> str:
+    """The kernel schedule ``dash::fwd`` carries for its backward: ``schedule`` resolved as
+    ``resolve_schedule`` does, except that "auto" stays unresolved ("fa3") when no backward
+    will run: the schedule is then never used (and under torch.compile with dynamic shapes
+    resolving it would specialise the graph on the shape for nothing)."""
+    if schedule == "auto" and not backward_will_run(q, k, v):
+        return "fa3"
+    return resolve_schedule(schedule, q, k, causal, deterministic, sm_margin)
+
+
 def run_forward(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, deterministic: bool,
                 schedule: str, sm_margin: int) -> tuple[Tensor, Tensor]:
     """``dash::fwd`` (with autograd) on validated inputs; ``schedule`` may be "auto", which
-    is resolved here because the backward it is saved for needs a kernel schedule."""
-    if schedule == "auto" and not backward_will_run(q, k, v):
-        # No backward will run: the schedule the op carries is never used, so "auto" is not
-        # resolved (under torch.compile with dynamic shapes resolving it would specialise the
-        # graph on the shape for nothing).
-        kernel_schedule = "fa3"
-    else:
-        kernel_schedule = resolve_schedule(schedule, q, k, causal, deterministic, sm_margin)
+    is resolved here (``forward_kernel_schedule``) because the backward it is saved for needs
+    a kernel schedule."""
+    kernel_schedule = forward_kernel_schedule(schedule, q, k, v, causal, deterministic, sm_margin)
     # The autograd registered on dash::fwd in C++ is the user path's autograd node.
     return torch.ops.dash.fwd(q, k, v, float(softmax_scale), causal, deterministic, kernel_schedule, int(sm_margin))
 

@@ -225,3 +225,62 @@ def test_lse_gradient_is_ignored_as_documented():
     both = torch.autograd.grad((out, lse), (q, k, v), (dout, torch.randn_like(lse)), retain_graph=True)
     assert all(torch.equal(a, b) for a, b in zip(only_out, both)), _tag(seed)
     assert torch.autograd.grad(lse.sum(), (q, k, v), allow_unused=True) == (None, None, None)
+
+
+def test_repeated_calls_reuse_the_checked_plan_and_still_refuse_bad_input(monkeypatch):
+    """flash_attn_func remembers a validated call by its key (dash.api._CALL_PLANS): an equal call
+    skips validation and the schedule choice but gets the same result, a misaligned data pointer
+    under the same key is still refused, and every part of the key that changes a decision
+    (an option's type, PyTorch's deterministic flag, grad mode) leads to its own plan."""
+    from dash import api
+
+    seed = _seed("plans")
+    q, k, v = _inputs(1, 200, 200, 2, 2, 64, torch.bfloat16, seed)
+    api._CALL_PLANS.clear()
+    validated, launched = [], []
+    full_validate, full_forward = api.validate_for_launch, api.run_forward
+    monkeypatch.setattr(api, "validate_for_launch", lambda *a, **kw: (validated.append(1), full_validate(*a, **kw)))
+
+    def spy_forward(q, k, v, scale, causal, deterministic, schedule, sm_margin):
+        launched.append((causal, deterministic, schedule))
+        return full_forward(q, k, v, scale, causal, deterministic, schedule, sm_margin)
+
+    monkeypatch.setattr(api, "run_forward", spy_forward)
+    first = flash_attn_func(q, k, v, causal=True)
+    again = flash_attn_func(q, k, v, causal=True)
+    assert len(validated) == 1, "the second, equal call was validated again"
+    assert torch.equal(first, again), _tag(seed)
+    _check_forward(q, k, v, True, *flash_attn_func(q, k, v, causal=True, return_attn_probs=True), _tag(seed))
+    assert launched[0] == launched[1] == launched[2]
+
+    base = torch.empty(q.numel() + 8, device="cuda", dtype=q.dtype)
+    misaligned = base[1:1 + q.numel()].view(q.shape)  # the same key, a pointer 2 bytes off
+    with pytest.raises(ValueError, match="not aligned to 16 bytes"):
+        flash_attn_func(misaligned, k, v, causal=True)
+    with pytest.raises(TypeError, match="causal must be a bool"):
+        flash_attn_func(q, k, v, causal=1)
+
+    strided = torch.randn(1, 200, 2, 128, device="cuda", dtype=q.dtype)[..., ::2]  # copied, never remembered
+    validated.clear()
+    for _ in range(2):
+        flash_attn_func(strided, k, v, causal=True)
+    assert len(validated) == 2
+
+    qg = q.detach().requires_grad_()
+    was = torch.are_deterministic_algorithms_enabled()
+    try:
+        launched.clear()
+        flash_attn_func(qg, k, v, causal=True)
+        torch.use_deterministic_algorithms(True)
+        flash_attn_func(qg, k, v, causal=True)
+        for _ in range(2):  # the alert fires on every such call, remembered or not
+            with pytest.raises(RuntimeError, match="deterministic"):
+                flash_attn_func(qg, k, v, causal=True, deterministic=False)
+    finally:
+        torch.use_deterministic_algorithms(was)
+    with torch.no_grad():
+        flash_attn_func(qg, k, v, causal=True)
+    assert [d for _, d, _ in launched] == [False, True, False], launched
+    assert launched[-1][2] == "fa3", "no backward will run: 'auto' is left unresolved"
+    assert launched[1][2] != "auto" and launched[0][2] != "auto"
+    api._CALL_PLANS.clear()

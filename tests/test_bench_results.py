@@ -186,7 +186,7 @@ def test_dash_bench_model_fallback_writes_nothing(tmp_path, capsys):
 # ---------------------------------------------------------------------------------------
 GPU_SCRIPTS = ["benchmarks/bench_bwd.py", "tools/smoke_bwd.py", "tools/smoke_fwd.py", "tools/sanitize_bwd.py",
                "tools/profile_bwd.py", "tools/ab_time.py", "tools/bwd_kernel_breakdown.py",
-               "tools/trace_step_periods.py", "tools/fwd_clock_sample.py"]
+               "tools/trace_step_periods.py", "tools/fwd_clock_sample.py", "tools/fwd_clock_reasons.py"]
 
 
 def _run(script: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -223,6 +223,7 @@ def test_gpu_scripts_refuse_without_a_gpu(script, tmp_path):
     ("tools/fwd_clock_sample.py", ("--hdim", "96"), "--hdim"),
     ("tools/fwd_clock_sample.py", ("--rounds", "0"), "--rounds"),
     ("tools/ab_time.py", ("--sustained", "-1"), "--sustained"),
+    ("tools/fwd_clock_reasons.py", ("--hdim", "96"), "--hdim"),
     ("tools/trace_step_periods.py", ("--schedule", "zigzag"), "--schedule"),
 ])
 def test_bad_sizes_are_argument_errors(script, args, option, tmp_path):

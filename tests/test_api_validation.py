@@ -1144,3 +1144,53 @@ def test_backward_entry_points_trace_with_fullgraph(cpu_as_sm90, entry):
     finally:
         torch._dynamo.reset()
     assert cpu_as_sm90 and cpu_as_sm90[-1]["causal"] is True and cpu_as_sm90[-1]["deterministic"] is True
+
+
+# ---------------------------------------------------------------------------------------
+# flash_attn_func's remembered calls: what the key tells apart
+# ---------------------------------------------------------------------------------------
+def _key(q, k, v, **kw):
+    args = dict(softmax_scale=None, causal=False, qv=None, q_descale=None, k_descale=None, v_descale=None,
+                window_size=(-1, -1), attention_chunk=0, softcap=0.0, num_splits=1, deterministic=None, sm_margin=0,
+                schedule="auto")
+    args.update(kw)
+    return api._call_key(q, k, v, **args)
+
+
+def test_call_key_separates_every_input_of_a_decision():
+    """A remembered call is replayed only for an equal key (dash.api._CALL_PLANS). Everything that
+    changes what validation, the deterministic=None rule or the schedule choice would say must
+    give another key: values with their types, strides, dtypes, grad mode and requires_grad, the
+    deterministic-algorithms flag, an unsupported tensor argument; an unhashable option cannot be
+    a key at all."""
+    q, k, v = _qkv()
+    base = _key(q, k, v, causal=True)
+    assert base == _key(*(t.clone() for t in (q, k, v)), causal=True)  # other tensors, same layout
+    others = [
+        _key(q, k, v, causal=1),
+        _key(q, k, v, causal=False),
+        _key(q, k, v, causal=True, softmax_scale=0.125),
+        _key(q, k, v, causal=True, sm_margin=1),
+        _key(q, k, v, causal=True, sm_margin=True),
+        _key(q, k, v, causal=True, deterministic=False),
+        _key(q, k, v, causal=True, schedule="fa3"),
+        _key(q, k, v, causal=True, num_splits=0),
+        _key(q, k, v, causal=True, window_size=(-1, 0)),
+        _key(q, k, v, causal=True, qv=q),
+        _key(q.half(), k.half(), v.half(), causal=True),
+        _key(q.transpose(1, 2).contiguous().transpose(1, 2), k, v, causal=True),  # same shape, other strides
+        _key(q.requires_grad_(), k, v, causal=True),
+    ]
+    with torch.no_grad():  # requires_grad, but no backward will run: the decisions of the base call
+        assert _key(q, k, v, causal=True) == base
+    q.requires_grad_(False)
+    was = torch.are_deterministic_algorithms_enabled()
+    try:
+        torch.use_deterministic_algorithms(True)
+        others.append(_key(q, k, v, causal=True))
+    finally:
+        torch.use_deterministic_algorithms(was)
+    for i, other in enumerate(others):
+        assert other != base, f"variant {i} shares the key of the base call"
+    with pytest.raises(TypeError):
+        hash(_key(q, k, v, causal=True, window_size=[-1, -1]))

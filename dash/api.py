@@ -97,15 +97,19 @@ def flash_attn_func(
     on it alone gives no gradient to q, k, v; a loss on out and softmax_lse gets out's part
     only; DASH cannot tell without a device sync whether the arriving gradient is zero).
     """
-    key = None
+    # Read once: the key and the deterministic=None rule below must see the same value even if
+    # another thread sets the flag meanwhile (a plan stored under the other value would stick).
+    flag = torch.are_deterministic_algorithms_enabled()
+    key = plan = None
     if type(q) is Tensor and type(k) is Tensor and type(v) is Tensor and not torch.compiler.is_compiling() \
             and q.is_cuda:
         key = _call_key(q, k, v, softmax_scale, causal, qv, q_descale, k_descale, v_descale, window_size,
-                        attention_chunk, softcap, num_splits, deterministic, sm_margin, schedule)
-        try:
-            plan = _CALL_PLANS.get(key)
-        except TypeError:  # an unhashable argument (a list for a str, say): the full path names it
-            key = plan = None
+                        attention_chunk, softcap, num_splits, deterministic, sm_margin, schedule, flag)
+        if key is not None:
+            try:
+                plan = _CALL_PLANS.get(key)
+            except TypeError:  # an unhashable argument (a list for a str, say): the full path names it
+                key = None
         if plan is not None and (q.data_ptr() | k.data_ptr() | v.data_ptr()) % TMA_ALIGN_BYTES == 0:
             out, lse = run_forward(q, k, v, *plan)
             return (out, lse) if return_attn_probs else out
@@ -116,15 +120,15 @@ def flash_attn_func(
     validate_for_launch(q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
                         sm_margin=sm_margin, schedule=schedule, deterministic=deterministic)
     needs_grad = backward_will_run(q, k, v)
-    det = resolve_deterministic(deterministic, needs_grad)
+    det = resolve_deterministic(deterministic, needs_grad, flag)
     scale = float(softmax_scale) if softmax_scale is not None else q.shape[-1] ** -0.5
     causal = effective_causal(window_size, causal, q.shape[1], k.shape[1])
     plan = (scale, causal, det, forward_kernel_schedule(schedule, q, k, v, causal, det, int(sm_margin)),
             int(sm_margin))
     # Remembered only when the call went through as given (no copy of a strided tensor) and
     # without PyTorch's non-determinism alert (which must fire on every such call).
-    if key is not None and q is given[0] and k is given[1] and v is given[2] and not (deterministic is False and needs_grad
-                                                       and torch.are_deterministic_algorithms_enabled()):
+    alerted = deterministic is False and needs_grad and flag
+    if key is not None and not alerted and q is given[0] and k is given[1] and v is given[2]:
         if len(_CALL_PLANS) >= 4096:  # bounded: a long-running process with ever new shapes
             _CALL_PLANS.clear()
         _CALL_PLANS[key] = plan
@@ -143,18 +147,21 @@ _CALL_PLANS: dict = {}
 
 
 def _call_key(q, k, v, softmax_scale, causal, qv, q_descale, k_descale, v_descale, window_size, attention_chunk,
-              softcap, num_splits, deterministic, sm_margin, schedule):
+              softcap, num_splits, deterministic, sm_margin, schedule, deterministic_flag):
     """The key of ``_CALL_PLANS`` for one call (hashing it raises TypeError when an argument
-    is unhashable). Values go in with their types (causal=1 is not causal=True); grad mode
-    with q/k/v's requires_grad and PyTorch's deterministic-algorithms flag decide
-    ``deterministic=None`` and the schedule, so they are in it too."""
+    is unhashable), or None for a call that is never remembered: a ``window_size`` other than
+    a tuple of ints (0, False and 0.0 are equal keys, but only 0 is a valid window side).
+    Values go in with their types (causal=1 is not causal=True); grad mode with q/k/v's
+    requires_grad and PyTorch's deterministic-algorithms flag (``deterministic_flag``, as the
+    caller read it) decide ``deterministic=None`` and the schedule, so they are in it too."""
+    if type(window_size) is not tuple or any(type(w) is not int for w in window_size):
+        return None
     return (q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype, k.device, v.shape, v.stride(),
            v.dtype, v.device, softmax_scale, type(softmax_scale), causal, type(causal), window_size,
            type(window_size), qv is None and q_descale is None and k_descale is None and v_descale is None,
            attention_chunk, type(attention_chunk), softcap, type(softcap), num_splits, type(num_splits),
            deterministic, type(deterministic), sm_margin, type(sm_margin), schedule, type(schedule),
-           torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad),
-           torch.are_deterministic_algorithms_enabled())
+           torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad), deterministic_flag)
 
 
 def flash_attn_qkvpacked_func(

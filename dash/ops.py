@@ -114,11 +114,17 @@ def grid_ctas(device: int | torch.device | None, sm_margin: int) -> int:
     return max(1, sms - int(sm_margin))
 
 
-def resolve_deterministic(deterministic: Optional[bool], needs_grad: bool) -> bool:
+def resolve_deterministic(deterministic: Optional[bool], needs_grad: bool,
+                          globally: Optional[bool] = None) -> bool:
     """``deterministic=None`` follows ``torch.are_deterministic_algorithms_enabled()``. An
     explicit False while that flag is on raises PyTorch's non-determinism alert, but only
-    when a backward will run (``needs_grad``): a forward alone is deterministic anyway."""
-    globally = torch.are_deterministic_algorithms_enabled()
+    when a backward will run (``needs_grad``): a forward alone is deterministic anyway.
+
+    ``globally``: the flag as the caller already read it (None: read it here), so that a
+    caller that keys a decision on the flag decides on the same reading, whatever another
+    thread sets meanwhile."""
+    if globally is None:
+        globally = torch.are_deterministic_algorithms_enabled()
     if deterministic is None:
         return globally
     if not deterministic and globally and needs_grad:

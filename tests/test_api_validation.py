@@ -1152,7 +1152,7 @@ def test_backward_entry_points_trace_with_fullgraph(cpu_as_sm90, entry):
 def _key(q, k, v, **kw):
     args = dict(softmax_scale=None, causal=False, qv=None, q_descale=None, k_descale=None, v_descale=None,
                 window_size=(-1, -1), attention_chunk=0, softcap=0.0, num_splits=1, deterministic=None, sm_margin=0,
-                schedule="auto")
+                schedule="auto", deterministic_flag=torch.are_deterministic_algorithms_enabled())
     args.update(kw)
     return api._call_key(q, k, v, **args)
 
@@ -1193,4 +1193,8 @@ def test_call_key_separates_every_input_of_a_decision():
     for i, other in enumerate(others):
         assert other != base, f"variant {i} shares the key of the base call"
     with pytest.raises(TypeError):
-        hash(_key(q, k, v, causal=True, window_size=[-1, -1]))
+        hash(_key(q, k, v, causal=True, schedule=["fa3"]))
+    # Window sides that equal a valid int (False == 0.0 == 0) but that validation refuses, a
+    # list, and tensors are never remembered.
+    for window in ((-1, False), (-1, 0.0), [-1, -1], (torch.tensor(-1), torch.tensor(-1))):
+        assert _key(q, k, v, causal=True, window_size=window) is None, window

@@ -161,7 +161,7 @@ def _call_key(q, k, v, softmax_scale, causal, qv, q_descale, k_descale, v_descal
            type(window_size), qv is None and q_descale is None and k_descale is None and v_descale is None,
            attention_chunk, type(attention_chunk), softcap, type(softcap), num_splits, type(num_splits),
            deterministic, type(deterministic), sm_margin, type(sm_margin), schedule, type(schedule),
-           torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad), deterministic_flag)
+           backward_will_run(q, k, v), deterministic_flag)
 
 
 def flash_attn_qkvpacked_func(

@@ -131,6 +131,23 @@ def wall_us_per_call(fn: Callable[[], object], calls: int = 200, warmup: int = 2
     return (time.perf_counter() - t0) / calls * 1e6
 
 
+def back_to_back(fn: Callable[[], object], seconds: float) -> tuple[float, float, int]:
+    """Calls ``fn`` back to back for ``seconds`` of wall time (one batch of 8 at least), the
+    host far ahead of the GPU with a sync every 64 calls, so the GPU stays loaded as in a
+    training step (and reaches its power cap). Returns (start, end, calls): time.time() before
+    the first call and after the last one finished."""
+    torch.cuda.synchronize()
+    t0, n = time.time(), 0
+    while n == 0 or time.time() - t0 < seconds:
+        for _ in range(8):
+            fn()
+        n += 8
+        if n % 64 == 0:
+            torch.cuda.synchronize()
+    torch.cuda.synchronize()
+    return t0, time.time(), n
+
+
 #: Clock rate used to turn a host time into a ``torch.cuda._sleep`` cycle count: the H200's boost
 #: clock. At a lower clock the sleep lasts longer, which only gives the host more head start.
 SLEEP_CLOCK_HZ = 2.0e9

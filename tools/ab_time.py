@@ -60,22 +60,13 @@ def main() -> int:
 def _sustained_ms(fns, inputs, seconds: float, sampler, rounds: int = 2) -> dict[str, dict]:
     """Per side: time per call over windows of ``seconds`` of back-to-back calls (the host far
     ahead of the GPU, a sync every 64 calls), and the median SM clock and power in them."""
-    import time
+    from dash.bench import back_to_back
 
     per: dict[str, list[dict]] = {name: [] for name in fns}
     for r in range(rounds):
         for name in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
             fn = fns[name]
-            torch.cuda.synchronize()
-            t0, n = time.time(), 0
-            while n == 0 or time.time() - t0 < seconds:
-                for _ in range(8):
-                    fn(inputs)
-                n += 8
-                if n % 64 == 0:
-                    torch.cuda.synchronize()
-            torch.cuda.synchronize()
-            t1 = time.time()
+            t0, t1, n = back_to_back(lambda: fn(inputs), seconds)
             per[name].append({"ms": (t1 - t0) / n * 1e3, **sampler.window(t0 + 0.2, t1)})
     out = {}
     for name, runs in per.items():

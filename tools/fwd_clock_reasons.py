@@ -45,7 +45,7 @@ def main() -> int:
     if status:
         return status
     from dash import ops
-    from dash.bench import Shape
+    from dash.bench import Shape, back_to_back
 
     log = tempfile.NamedTemporaryFile("w+", suffix=".csv")
     proc = subprocess.Popen(["nvidia-smi", f"--query-gpu={','.join(FIELDS)}", "--format=csv,noheader,nounits",
@@ -71,16 +71,7 @@ def main() -> int:
             for r in range(2):
                 for name, fn in (list(sides.items()) if r == 0 else list(sides.items())[::-1]):
                     time.sleep(0.5)
-                    torch.cuda.synchronize()
-                    t0, n = time.time(), 0
-                    while n == 0 or time.time() - t0 < a.seconds:
-                        for _ in range(8):
-                            fn()
-                        n += 8
-                        if n % 64 == 0:
-                            torch.cuda.synchronize()
-                    torch.cuda.synchronize()
-                    t1 = time.time()
+                    t0, t1, n = back_to_back(fn, a.seconds)
                     marks.append((f"hd{d} {name} round {r}", t0, t1, (t1 - t0) / n * 1e3))
         time.sleep(0.3)
     finally:

@@ -76,16 +76,7 @@ def main() -> int:
                         for lib in order:
                             fn = available[lib]
                             time.sleep(0.3)  # let the previous library's clock state settle a little
-                            torch.cuda.synchronize()
-                            t0, n = time.time(), 0
-                            while n == 0 or time.time() - t0 < a.seconds:  # one batch at least (--seconds 0)
-                                for _ in range(8):
-                                    fn(q, k, v, causal, False)
-                                n += 8
-                                if n % 64 == 0:
-                                    torch.cuda.synchronize()
-                            torch.cuda.synchronize()
-                            t1 = time.time()
+                            t0, t1, n = bench.back_to_back(lambda: fn(q, k, v, causal, False), a.seconds)
                             w = sampler.window(t0 + 0.2, t1)
                             per_lib[lib].append({"ms": (t1 - t0) / n * 1e3, "calls": n, **w})
                     label = shape.label()

@@ -191,11 +191,21 @@ class FwdTileConfig:
     # nineteenth pass): hdim 128 +0.5 to +3.2 % (2k-16k, full and causal); hdim 64 -0.2 to -2.5 %.
     # Same bits.
     v_wait_in_turn: bool = False
+    # Full masks: clusters of two CTAs on adjacent Q tiles of one head, each loading half of every
+    # K and V block and multicasting it to both (FA3's cluster at hdim 128 full), so that L2 serves
+    # each block once per pair of tiles instead of once per tile. Used when the head's Q tiles pair
+    # up (an even number) and sm_margin leaves two SMs; otherwise one CTA per tile. Same bits.
+    # Off in the table: measured on the H200 (docs/kernel-notes.md, twenty-first pass) it ran
+    # 1.28-1.52x slower, every remote release then carrying a GPU-scope memory barrier; the form
+    # without that barrier (kernels/ptx.h, mbar_arrive_cluster_if) is built but not yet measured.
+    kv_multicast: bool = False
     note: str = ""
 
     def __post_init__(self) -> None:
         if self.q_stages not in (1, 2):
             raise ValueError(f"q_stages={self.q_stages} is not supported (1 or 2)")
+        if self.kv_multicast and self.causal:
+            raise ValueError("kv_multicast pairs Q tiles that walk the same KV blocks: full masks only")
         if self.block_m != 64 * self.mma_warpgroups:
             raise ValueError(f"block_m={self.block_m} must be 64 * mma_warpgroups={self.mma_warpgroups}")
         if self.block_n % 64 != 0 or self.head_dim % 64 != 0:
@@ -325,6 +335,7 @@ def render_cpp_header() -> str:
             f"  static constexpr bool kOverlapTileEnd = {'true' if cfg.overlap_tile_end else 'false'};",
             f"  static constexpr int kStagesQ = {cfg.q_stages};",
             f"  static constexpr bool kWaitVInTurn = {'true' if cfg.v_wait_in_turn else 'false'};",
+            f"  static constexpr bool kKVMulticast = {'true' if cfg.kv_multicast else 'false'};",
             "};",
             "",
         ]

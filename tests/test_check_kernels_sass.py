@@ -68,6 +68,10 @@ def test_short_names_of_both_passes(ck):
            "(dash::FwdTraits<128>::MainParams)")
     bwd = "void dash::bwd_main_kernel<dash::BwdTraits<64, true, cutlass::half_t>, dash::ClaimedSchedule<> >(P)"
     assert ck.short_name(fwd) == "fwd_main_kernel hdim128 full bfloat16_t"
+    fwd_cluster = ("void dash::fwd_main_kernel<dash::FwdTraits<128, false, cutlass::bfloat16_t, 2>>"
+                   "(dash::FwdTraits<128, false, cutlass::bfloat16_t, 2>::MainParams)")
+    assert ck.short_name(fwd_cluster) == "fwd_main_kernel hdim128 full bfloat16_t cluster2"
+    assert ck.short_name(fwd_cluster.replace(", 2>", ", 1>")) == "fwd_main_kernel hdim128 full bfloat16_t"
     assert ck.short_name(bwd) == "bwd_main_kernel hdim64 causal half_t claimed"
     real = ("void dash::bwd_main_kernel<dash::BwdTraits<128, true, cutlass::bfloat16_t>, dash::ClaimedSchedule<"
             "dash::TileGeometryT<dash::StaticBlocks<64, 128> > >, {}>(dash::BwdTraits<128, true, "

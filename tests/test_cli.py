@@ -532,6 +532,18 @@ def test_forward_tile_config_invariants_are_enforced():
         C.FwdTileConfig(64, False, 128, 128, 3, 2, 160, True)
     one, two = (C.FwdTileConfig(128, False, 128, 128, 2, 2, 240, True, q_stages=q) for q in (1, 2))
     assert two.smem_bytes() - one.smem_bytes() == 128 * 128 * 2
+    with pytest.raises(ValueError, match="kv_multicast .* full masks only"):
+        C.FwdTileConfig(128, True, 128, 128, 2, 2, 240, True, kv_multicast=True)
+
+def test_forward_kv_multicast_is_rendered_per_row(monkeypatch):
+    import dataclasses
+
+    rows = tuple(dataclasses.replace(c, kv_multicast=(c.head_dim, c.causal) == (128, False)) for c in C.FWD_TILE_CONFIGS)
+    monkeypatch.setattr(C, "FWD_TILE_CONFIGS", rows)
+    header = C.render_cpp_header()
+    block = header.split("struct FwdTileConfig<128, false> {", 1)[1].split("};", 1)[0]
+    assert "static constexpr bool kKVMulticast = true;" in block
+    assert header.count("kKVMulticast = true") == 1 and header.count("kKVMulticast = false") == len(rows) - 1
 
 
 def test_check_table_rejects_bad_tables():
@@ -604,6 +616,7 @@ def test_render_cpp_header_has_every_forward_config():
             "kOverlapTileEnd": _cpp(cfg.overlap_tile_end),
             "kStagesQ": _cpp(cfg.q_stages),
             "kWaitVInTurn": _cpp(cfg.v_wait_in_turn),
+            "kKVMulticast": _cpp(cfg.kv_multicast),
         }
 
 

@@ -135,6 +135,46 @@ def test_forward_few_ctas_many_tiles(seqlens, causal, head_dim):
         assert torch.equal(out, full_out) and torch.equal(lse, full_lse), f"{label}: bits differ from the full grid"
 
 
+def _forward_kernel_names(fn) -> list[str]:
+    """Names of the CUDA kernels that fn() launches (torch's profiler)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.key for e in prof.key_averages() if "fwd_main_kernel" in e.key]
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("seqlens", [(1000, 777), (2048, 2048), (640, 1500), (4224, 300)])
+def test_forward_clusters_match_single_ctas(seqlens, head_dim):
+    """Full masks run in clusters of two CTAs that multicast K and V (FwdTileConfig.kv_multicast)
+    when a head's Q tiles pair up and sm_margin leaves two SMs, one CTA per tile otherwise. Each
+    grid (one CTA, one cluster, two, the full grid) matches the reference with the same bits,
+    and the kernel that ran is the one the rule names (seqlens chosen so that the tile count is
+    even for one head dim and odd for the other)."""
+    from dash import config
+
+    seqlen_q, seqlen_k = seqlens
+    seed = _seed("clusters", seqlens, head_dim)
+    q, k, v = _inputs(2, seqlen_q, seqlen_k, 3, 3, head_dim, torch.bfloat16, seed)
+    sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+    cfg = next(c for c in config.FWD_TILE_CONFIGS if c.head_dim == head_dim and not c.causal)
+    pairs = -(-seqlen_q // cfg.block_m) % 2 == 0
+    base_out = base_lse = None
+    for ctas in (1, 2, 5, sms):
+        label = f"{seqlens} d={head_dim} ctas={ctas} {_tag(seed)}"
+        result = []
+        names = _forward_kernel_names(lambda: result.append(_fwd_op(q, k, v, False, sm_margin=sms - ctas)))
+        clustered = [n for n in names if ", 2>" in n]
+        expect_cluster = cfg.kv_multicast and pairs and ctas >= 2
+        assert len(names) == 1 and bool(clustered) == expect_cluster, f"{label}: ran {names}"
+        out, lse = result[0]
+        if base_out is None:
+            _check_forward(q, k, v, False, out, lse, label)
+            base_out, base_lse = out, lse
+        else:
+            assert torch.equal(out, base_out) and torch.equal(lse, base_lse), f"{label}: bits differ from one CTA's"
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_forward_bits_independent_of_run_and_grid(causal):
     seed = _seed("bits", causal)

@@ -71,11 +71,13 @@ def short_name(demangled: str) -> str:
     -> 'bwd_main_kernel hdim128 causal bfloat16_t'. A backward main kernel also names its schedule
     class and, when it is the mainloop that loads the LSE early (kLseEarly), 'lse-early': the kernels
     of one translation unit differ only there ('..., dash::ShiftSchedule<...>, false>')."""
-    m = re.search(r"dash::(\w+)<dash::(?:Bwd|Fwd)Traits<(\d+), (true|false), cutlass::(\w+)>", demangled)
+    m = re.search(r"dash::(\w+)<dash::(?:Bwd|Fwd)Traits<(\d+), (true|false), cutlass::(\w+)(?:, (\d+))?>", demangled)
     if not m:
         return demangled[:100]
-    kernel, hdim, causal, dtype = m.groups()
+    kernel, hdim, causal, dtype, cluster = m.groups()
     name = f"{kernel} hdim{hdim} {'causal' if causal == 'true' else 'full'} {dtype}"
+    if cluster is not None and cluster != "1":
+        name += f" cluster{cluster}"
     schedule = re.search(r"dash::(\w+)Schedule<", demangled)
     if schedule:
         name += f" {schedule.group(1).lower()}"

@@ -55,6 +55,7 @@ struct BwdMainKernel {
   // Shell hooks (kernels/persistent_shell.h): one-time setup and the producer warpgroup's
   // other warps.
   // ---------------------------------------------------------------------------------------
+  static constexpr int kClusterSize = 1;
   static constexpr int kProducerRegisters = Traits::kProducerRegisters;
   static constexpr int kMmaRegisters = Traits::kMmaRegisters;
 

@@ -4,7 +4,9 @@
 // naming what was asked and what is supported (the build defines NDEBUG: no asserts).
 #pragma once
 
+#include <algorithm>
 #include <climits>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 
@@ -27,11 +29,82 @@ inline int fwd_section_heads(int seqlen_k, int head_dim, int elem_bytes, int hea
   return w;
 }
 
+// The most clusters of `kernel` (at `smem_bytes`, cluster dims `cluster_ctas` x 1 x 1) that
+// can be resident at once on the current device; queried once per device.
+template <auto kKernel>
+int max_active_clusters(int smem_bytes, int cluster_ctas, int block_threads) {
+  constexpr int kMaxDevices = 64;
+  static std::once_flag flags[kMaxDevices];
+  static int counts[kMaxDevices];
+  int device = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  auto query = [&] {
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = unsigned(cluster_ctas);
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(unsigned(cluster_ctas), 1, 1);
+    cfg.blockDim = dim3(unsigned(block_threads), 1, 1);
+    cfg.dynamicSmemBytes = size_t(smem_bytes);
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    int n = 0;
+    check_cuda(cudaOccupancyMaxActiveClusters(&n, kKernel, &cfg), "cudaOccupancyMaxActiveClusters");
+    return n;
+  };
+  if (device >= kMaxDevices) { return query(); }
+  std::call_once(flags[device], [&] { counts[device] = query(); });
+  return counts[device];
+}
+
+template <class Traits>
+typename Traits::MainParams make_fwd_main_params(FwdParams const& p, BSHDStrides q_st, BSHDStrides k_st,
+                                                 BSHDStrides v_st, int num_m_blocks, int num_bh) {
+  using Element = typename Traits::Element;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kClusterM = Traits::kClusterM;
+  auto make_gmem = [](void const* ptr, int seqlen, int heads, int batch, BSHDStrides s) {
+    return make_tensor(make_gmem_ptr(static_cast<Element const*>(ptr)), make_shape(seqlen, Int<kHeadDim>{}, heads, batch),
+                       make_stride(s.row, _1{}, s.head, s.batch));
+  };
+  typename Traits::MainParams mp;
+  mp.tma_q = make_tma_copy(SM90_TMA_LOAD{}, make_gmem(p.q, p.seqlen_q, p.num_heads, p.batch, q_st),
+                           take<0, 2>(typename Traits::SmemLayoutQ{}), Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{});
+  mp.tma_k = make_tma_copy(typename Traits::TmaKVOp{}, make_gmem(p.k, p.seqlen_k, p.num_heads_k, p.batch, k_st),
+                           take<0, 2>(typename Traits::SmemLayoutK{}), Shape<Int<kBlockN>, Int<kHeadDim>>{},
+                           Int<kClusterM>{});
+  mp.tma_v = make_tma_copy(typename Traits::TmaKVOp{}, make_gmem(p.v, p.seqlen_k, p.num_heads_k, p.batch, v_st),
+                           take<0, 2>(typename Traits::SmemLayoutV{}), Shape<Int<kBlockN>, Int<kHeadDim>>{},
+                           Int<kClusterM>{});
+  mp.shape_q = typename Traits::ShapeBSHD{p.seqlen_q, kHeadDim, p.num_heads, p.batch};
+  mp.shape_k = typename Traits::ShapeBSHD{p.seqlen_k, kHeadDim, p.num_heads_k, p.batch};
+  mp.out = static_cast<Element*>(p.out);
+  mp.out_strides = p.out_strides;
+  mp.lse = p.lse;
+  mp.softmax_scale_log2 = float(double(p.softmax_scale) * M_LOG2E);
+  mp.geo.seqlen_q = p.seqlen_q;
+  mp.geo.seqlen_k = p.seqlen_k;
+  mp.geo.causal = Traits::Is_causal;
+  mp.num_heads = p.num_heads;
+  mp.heads_per_kv_head = p.num_heads / p.num_heads_k;
+  // A cluster's work item is a pair of adjacent Q tiles (FwdTraits): the order runs over pairs.
+  mp.order.num_m_blocks = num_m_blocks / kClusterM;
+  mp.order.num_bh = num_bh;
+  mp.order.section_heads =
+      fwd_section_heads(p.seqlen_k, kHeadDim, int(sizeof(Element)), mp.heads_per_kv_head, num_bh);
+  mp.order.num_tiles = num_bh * mp.order.num_m_blocks;
+  mp.tile_counter = p.tile_counter;
+  return mp;
+}
+
 template <int kHeadDim, bool Is_causal, class Element>
 void run_fwd_impl(FwdParams const& p, cudaStream_t stream) {
   using Traits = FwdTraits<kHeadDim, Is_causal, Element>;
   constexpr int kBlockM = Traits::kBlockM;
-  constexpr int kBlockN = Traits::kBlockN;
 
   if (p.batch < 1 || p.seqlen_q < 1 || p.seqlen_k < 1 || p.num_heads < 1) {
     throw std::invalid_argument("DASH forward: empty problem (batch=" + std::to_string(p.batch) + ", seqlen_q=" +
@@ -66,34 +139,38 @@ void run_fwd_impl(FwdParams const& p, cudaStream_t stream) {
   BSHDStrides const v_st = checked("v", p.v, p.v_strides, p.seqlen_k, p.num_heads_k);
   checked("out", p.out, p.out_strides, p.seqlen_q, p.num_heads);  // the epilogue stores 16-byte row segments
 
-  auto make_gmem = [](void const* ptr, int seqlen, int heads, int batch, BSHDStrides s) {
-    return make_tensor(make_gmem_ptr(static_cast<Element const*>(ptr)), make_shape(seqlen, kHeadDim, heads, batch),
-                       make_stride(s.row, _1{}, s.head, s.batch));
-  };
-  typename Traits::MainParams mp;
-  mp.tma_q = make_tma_copy(SM90_TMA_LOAD{}, make_gmem(p.q, p.seqlen_q, p.num_heads, p.batch, q_st),
-                           take<0, 2>(typename Traits::SmemLayoutQ{}), Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{});
-  mp.tma_k = make_tma_copy(SM90_TMA_LOAD{}, make_gmem(p.k, p.seqlen_k, p.num_heads_k, p.batch, k_st),
-                           take<0, 2>(typename Traits::SmemLayoutK{}), Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{});
-  mp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, make_gmem(p.v, p.seqlen_k, p.num_heads_k, p.batch, v_st),
-                           take<0, 2>(typename Traits::SmemLayoutV{}), Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{});
-  mp.shape_q = typename Traits::ShapeBSHD{p.seqlen_q, kHeadDim, p.num_heads, p.batch};
-  mp.shape_k = typename Traits::ShapeBSHD{p.seqlen_k, kHeadDim, p.num_heads_k, p.batch};
-  mp.out = static_cast<Element*>(p.out);
-  mp.out_strides = p.out_strides;
-  mp.lse = p.lse;
-  mp.softmax_scale_log2 = float(double(p.softmax_scale) * M_LOG2E);
-  mp.geo.seqlen_q = p.seqlen_q;
-  mp.geo.seqlen_k = p.seqlen_k;
-  mp.geo.causal = Is_causal;
-  mp.num_heads = p.num_heads;
-  mp.heads_per_kv_head = p.num_heads / p.num_heads_k;
-  mp.order.num_m_blocks = num_m_blocks;
-  mp.order.num_bh = int(num_bh);
-  mp.order.section_heads = fwd_section_heads(p.seqlen_k, kHeadDim, eb, mp.heads_per_kv_head, int(num_bh));
-  mp.order.num_tiles = int(num_tiles);
-  mp.tile_counter = p.tile_counter;
+  // Clusters of two with K/V multicast (FwdTileConfig.kv_multicast) when the Q tiles pair up
+  // and two SMs are allowed; otherwise one CTA per tile. Both give the same bits: a Q tile's
+  // result depends only on its own KV walk.
+  if constexpr (Traits::Config::kKVMulticast) {
+    using ClusterTraits = FwdTraits<kHeadDim, Is_causal, Element, 2>;
+    constexpr auto kernel = &fwd_main_kernel<ClusterTraits>;
+    constexpr int smem_bytes = ClusterTraits::kSmemBytes;
+    if (num_m_blocks % 2 == 0 && p.num_ctas_max >= 2) {
+      ensure_max_dynamic_smem<kernel>(smem_bytes);
+      int const resident = max_active_clusters<kernel>(smem_bytes, 2, ClusterTraits::NumThreads);
+      int64_t clusters = std::min<int64_t>({num_tiles / 2, int64_t(p.num_ctas_max / 2), int64_t(resident)});
+      if (clusters >= 1) {
+        auto const mp = make_fwd_main_params<ClusterTraits>(p, q_st, k_st, v_st, num_m_blocks, int(num_bh));
+        cudaLaunchAttribute attr[1];
+        attr[0].id = cudaLaunchAttributeClusterDimension;
+        attr[0].val.clusterDim.x = 2;
+        attr[0].val.clusterDim.y = 1;
+        attr[0].val.clusterDim.z = 1;
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(unsigned(2 * clusters), 1, 1);
+        cfg.blockDim = dim3(ClusterTraits::NumThreads, 1, 1);
+        cfg.dynamicSmemBytes = smem_bytes;
+        cfg.stream = stream;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+        check_cuda(cudaLaunchKernelEx(&cfg, kernel, mp), "launch of fwd_main_kernel (clusters of 2)");
+        return;
+      }
+    }
+  }
 
+  auto const mp = make_fwd_main_params<Traits>(p, q_st, k_st, v_st, num_m_blocks, int(num_bh));
   constexpr auto kernel = &fwd_main_kernel<Traits>;
   constexpr int smem_bytes = Traits::kSmemBytes;
   ensure_max_dynamic_smem<kernel>(smem_bytes);

@@ -18,6 +18,11 @@
 //     for the tensor cores at the same moment.
 // KV blocks are visited from the last to the first: under a causal mask the partially
 // masked diagonal blocks come first, before the running max has settled.
+// Full masks may run in clusters of two CTAs (FwdTraits::kClusterM, FwdTileConfig.kv_multicast):
+// the CTAs of a cluster compute adjacent Q tiles of one head, walk the same KV blocks in
+// lockstep, and each producer loads half of every K and V block into both CTAs' shared memory
+// (TMA multicast), so L2 serves each block once per pair of tiles. A stage is then refilled only
+// when the MMA warps of both CTAs have released it (release_kv).
 // Q tiles go through kStagesQ shared-memory buffers (FwdTileConfig.q_stages): with two, the
 // next tile's Q is loaded while the current tile runs (hdim 64 full; at hdim 128 two buffers
 // measured slower, kernel notes, seventeenth pass).
@@ -50,10 +55,16 @@ struct FwdMainKernel {
   static constexpr bool Is_causal = Traits::Is_causal;
   using KVState = PipelineState<Traits::kStages>;
   using QState = PipelineState<Traits::kStagesQ>;
+  static constexpr int kClusterM = Traits::kClusterM;
+  // A K/V stage is written by the TMA of every CTA of the cluster (each its slice, multicast),
+  // so it is free only when the MMA threads of every CTA are done with it: its empty barrier
+  // counts this CTA's MMA threads and one arrival per MMA warp of each peer.
+  static constexpr uint32_t kKVEmptyArrivals = Traits::NumMmaThreads + (kClusterM - 1) * Traits::NumMmaThreads / 32;
 
   // ---------------------------------------------------------------------------------------
   // Shell hooks (kernels/persistent_shell.h).
   // ---------------------------------------------------------------------------------------
+  static constexpr int kClusterSize = kClusterM;
   static constexpr int kProducerRegisters = Traits::kProducerRegisters;
   static constexpr int kMmaRegisters = Traits::kMmaRegisters;
 
@@ -68,11 +79,45 @@ struct FwdMainKernel {
     }
     for (int s = 0; s < Traits::kStages; ++s) {
       ptx::mbar_init(&ss.bar_k_full[s], 1);
-      ptx::mbar_init(&ss.bar_k_empty[s], Traits::NumMmaThreads);
+      ptx::mbar_init(&ss.bar_k_empty[s], kKVEmptyArrivals);
       ptx::mbar_init(&ss.bar_v_full[s], 1);
-      ptx::mbar_init(&ss.bar_v_empty[s], Traits::NumMmaThreads);
+      ptx::mbar_init(&ss.bar_v_empty[s], kKVEmptyArrivals);
     }
     ss.work.init(Traits::NumMmaThreads);
+  }
+
+  // The CTA's first work item and the one after `t`. One CTA: claimed (FwdTileOrder). A
+  // cluster: a static stride over tile pairs, so that both CTAs of the cluster see the same
+  // pairs without talking (all pairs of a full mask are equally long, nothing to balance).
+  static __device__ __forceinline__ int first_item() { return int(blockIdx.x) / kClusterM; }
+  static __device__ __forceinline__ int next_item(Params const& p, int t) {
+    if constexpr (kClusterM == 1) {
+      return int(gridDim.x) + atomicAdd(p.tile_counter, 1);
+    } else {
+      return t + int(gridDim.x) / kClusterM;
+    }
+  }
+  // The Q tile (row block) of item `t` that this CTA computes: the pair's tile of its rank.
+  static __device__ __forceinline__ int q_tile_of(FwdTileOrder::Tile const& tile) {
+    if constexpr (kClusterM == 1) {
+      return tile.m;
+    } else {
+      return kClusterM * tile.m + int(ptx::cluster_ctarank());
+    }
+  }
+
+  // An MMA thread is done reading K/V stage `bar`'s buffer. With a cluster lane 0 of each warp
+  // also tells the peers, whose TMA writes their slices of the next block into this CTA's
+  // buffer: its warp's lanes passed the wait for the GEMMs that read the stage together
+  // (wgmma.wait_group is .sync.aligned), so lane 0's arrival speaks for the warp.
+  static __device__ __forceinline__ void release_kv(uint64_t* bar) {
+    ptx::mbar_arrive(bar);
+    if constexpr (kClusterM > 1) {
+      bool const lane0 = threadIdx.x % 32 == 0;
+      uint32_t const me = ptx::cluster_ctarank();
+      CUTLASS_PRAGMA_UNROLL
+      for (uint32_t r = 1; r < uint32_t(kClusterM); ++r) { ptx::mbar_arrive_cluster_if(bar, (me + r) % kClusterM, lane0); }
+    }
   }
 
   // The forward's producer warpgroup has one working warp.
@@ -82,6 +127,23 @@ struct FwdMainKernel {
   // Producer: one elected lane of warp 0.
   // ---------------------------------------------------------------------------------------
   static __device__ void producer(Params const& p, SharedStorage& ss) {
+    if constexpr (kClusterM == 1) {
+      producer_loads(p, ss, _0{});
+    } else {
+      // The rank as a compile-time slice: with a run-time one the producer's 24 registers
+      // spilled (the slice's smem and coordinate offsets).
+      static_assert(kClusterM == 2);
+      if (ptx::cluster_ctarank() == 0) {
+        producer_loads(p, ss, _0{});
+      } else {
+        producer_loads(p, ss, _1{});
+      }
+    }
+  }
+
+  // Loads of the CTA whose K/V slice is KVSlice (its rank in the cluster; 0 without one).
+  template <class KVSlice>
+  static __device__ __forceinline__ void producer_loads(Params const& p, SharedStorage& ss, KVSlice kv_slice) {
     Tensor sQ = make_tensor(make_smem_ptr(ss.smem_q), typename Traits::SmemLayoutQ{});
     Tensor sK = make_tensor(make_smem_ptr(ss.smem_k), typename Traits::SmemLayoutK{});
     Tensor sV = make_tensor(make_smem_ptr(ss.smem_v), typename Traits::SmemLayoutV{});
@@ -89,27 +151,37 @@ struct FwdMainKernel {
     Tensor mK = p.tma_k.get_tma_tensor(p.shape_k);
     Tensor mV = p.tma_v.get_tma_tensor(p.shape_k);
     auto tma_q = p.tma_q.get_slice(_0{});
-    auto tma_k = p.tma_k.get_slice(_0{});
-    auto tma_v = p.tma_v.get_slice(_0{});
+    // With a cluster each CTA loads the slice of K and V of its rank, for every CTA.
+    uint16_t constexpr kMcastMask = uint16_t((1u << kClusterM) - 1);
+    auto tma_k = p.tma_k.get_slice(kv_slice);
+    auto tma_v = p.tma_v.get_slice(kv_slice);
+    auto kv_load = [&](auto const& tma, uint64_t& bar) {
+      if constexpr (kClusterM == 1) {
+        return tma.with(bar, 0, TMA::CacheHintSm90::EVICT_LAST);
+      } else {
+        return tma.with(bar, kMcastMask, TMA::CacheHintSm90::EVICT_LAST);
+      }
+    };
     Tensor tQsQ = tma_q.partition_D(sQ);  // (TMA, 1, 1, stage)
     Tensor tKsK = tma_k.partition_D(sK);  // (TMA, 1, 1, stage)
     Tensor tVsV = tma_v.partition_D(sV);
 
     KVState kv;
     QState qs;
-    int t = blockIdx.x;
+    int t = first_item();
     for (int k = 0;; ++k) {
       ss.work.publish(k, t);
       if (t >= p.order.num_tiles) { break; }
       auto const tile = p.order.tile(t);
-      int const n_end = p.geo.n_end(tile.m);  // 0: no row of the tile sees a key
+      int const m = q_tile_of(tile);
+      int const n_end = p.geo.n_end(m);  // 0: no row of the tile sees a key
       if (n_end == 0) {
-        t = int(gridDim.x) + atomicAdd(p.tile_counter, 1);
+        t = next_item(p, t);
         continue;
       }
       int const b = tile.bh / p.num_heads, h = tile.bh - b * p.num_heads;
       int const h_kv = h / p.heads_per_kv_head;
-      Tensor gQ = local_tile(mQ(_, _, h, b), Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(tile.m, _0{}));
+      Tensor gQ = local_tile(mQ(_, _, h, b), Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m, _0{}));
       Tensor gK = local_tile(mK(_, _, h_kv, b), Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));
       Tensor gV = local_tile(mV(_, _, h_kv, b), Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));
       Tensor tQgQ = tma_q.partition_S(gQ);
@@ -130,12 +202,10 @@ struct FwdMainKernel {
         // K_n is needed first (S), V_n one step later (O += P V).
         ptx::mbar_wait(&ss.bar_k_empty[kv.index], kv.phase ^ 1);
         ptx::mbar_arrive_expect_tx(&ss.bar_k_full[kv.index], Traits::kBytesKV);
-        copy(p.tma_k.with(ss.bar_k_full[kv.index], 0, TMA::CacheHintSm90::EVICT_LAST), tKgK(_, _, _, n),
-             tKsK(_, _, _, kv.index));
+        copy(kv_load(p.tma_k, ss.bar_k_full[kv.index]), tKgK(_, _, _, n), tKsK(_, _, _, kv.index));
         ptx::mbar_wait(&ss.bar_v_empty[kv.index], kv.phase ^ 1);
         ptx::mbar_arrive_expect_tx(&ss.bar_v_full[kv.index], Traits::kBytesKV);
-        copy(p.tma_v.with(ss.bar_v_full[kv.index], 0, TMA::CacheHintSm90::EVICT_LAST), tVgV(_, _, _, n),
-             tVsV(_, _, _, kv.index));
+        copy(kv_load(p.tma_v, ss.bar_v_full[kv.index]), tVgV(_, _, _, n), tVsV(_, _, _, kv.index));
         kv.advance();
       }
       // The next tile is claimed once this one's last loads are issued, while the MMA
@@ -146,7 +216,19 @@ struct FwdMainKernel {
       // late took the forward +4-8 % there, same bits). With one Q buffer the atomic's latency
       // is hidden (the next Q load waits for this tile's last S GEMM anyway); with two it
       // delays the next Q load, which is still issued while this tile's blocks run.
-      t = int(gridDim.x) + atomicAdd(p.tile_counter, 1);
+      t = next_item(p, t);
+    }
+    // With a cluster the peers' MMA warps arrive on this CTA's K/V empty barriers (release_kv)
+    // until they are done with the last blocks: wait until every stage has been released by
+    // all of them, so that no arrival is still on its way when this CTA exits. (The loads this
+    // CTA multicast into its peers are waited for by the peers' own MMA warps.)
+    if constexpr (kClusterM > 1) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int s = 0; s < Traits::kStages; ++s) {
+        ptx::mbar_wait(&ss.bar_k_empty[kv.index], kv.phase ^ 1);
+        ptx::mbar_wait(&ss.bar_v_empty[kv.index], kv.phase ^ 1);
+        kv.advance();
+      }
     }
   }
 
@@ -262,7 +344,7 @@ struct FwdMainKernel {
       int const t = ss.work.receive(k);  // >= num_tiles: the CTA is done
       if (t >= p.order.num_tiles) { break; }
       auto const tile = p.order.tile(t);
-      int const m = tile.m;
+      int const m = q_tile_of(tile);
       // KV blocks [0, n_end) hold a visible key; 0 when no row does (causal, seqlen_q >
       // seqlen_k): the tile's O is then 0 and its LSE -inf.
       int const n_end = p.geo.n_end(m);
@@ -295,7 +377,7 @@ struct FwdMainKernel {
         detail::wgmma_gemm<true, false>(tiled_mma_qk, tSrQ_tile, tSrK(_, _, _, kv.index), tSrS);
         pass_turn(wg);
         warpgroup_wait<0>();
-        ptx::mbar_arrive(&ss.bar_k_empty[kv.index]);
+        release_kv(&ss.bar_k_empty[kv.index]);
         if (n_end == 1) { ptx::mbar_arrive(&ss.bar_q_empty[qs.index]); }  // last read of this tile's Q
         if (p.geo.needs_mask(m, n_end - 1)) { apply_mask(p, tSrS, tScS, m, n_end - 1); }
         online_softmax<true>(tSrS, row_max, max_scaled, row_sum, rescale, scale_log2);
@@ -325,7 +407,7 @@ struct FwdMainKernel {
           detail::wgmma_gemm<false, true>(tiled_mma_pv, tOrP_A, tOrVt(_, _, _, kv_prev.index), tOrO);
           pass_turn(wg);
           warpgroup_wait<1>();  // S_n done
-          ptx::mbar_arrive(&ss.bar_k_empty[kv.index]);
+          release_kv(&ss.bar_k_empty[kv.index]);
           if (n == 0) { ptx::mbar_arrive(&ss.bar_q_empty[qs.index]); }
           if constexpr (std::is_same_v<decltype(masked), bool>) {
             if (masked) { apply_mask(p, tSrS, tScS, m, n); }
@@ -334,7 +416,7 @@ struct FwdMainKernel {
           }
           online_softmax<false>(tSrS, row_max, max_scaled, row_sum, rescale, scale_log2);
           warpgroup_wait<0>();  // O += P V done: P's registers and V_{n+1} are free
-          ptx::mbar_arrive(&ss.bar_v_empty[kv_prev.index]);
+          release_kv(&ss.bar_v_empty[kv_prev.index]);
           CUTLASS_PRAGMA_UNROLL
           for (int i = 0; i < size(tOrO); ++i) { tOrO(i) *= rescale[row_half(i)]; }
           Tensor tOrP_next = detail::convert_fragment<Element>(tSrS);
@@ -369,7 +451,7 @@ struct FwdMainKernel {
           pass_turn(wg);
         }
         warpgroup_wait<0>();
-        ptx::mbar_arrive(&ss.bar_v_empty[kv_prev.index]);
+        release_kv(&ss.bar_v_empty[kv_prev.index]);
         qs.advance();
       } else if constexpr (Traits::kOverlapTileEnd) {
         finish_row_stats();  // no key at all: O = 0, LSE = -inf

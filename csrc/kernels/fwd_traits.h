@@ -3,6 +3,8 @@
 // shared-storage struct and the kernel parameters. Types and constants only.
 #pragma once
 
+#include <type_traits>
+
 #include <cute/tensor.hpp>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 #include <cute/atom/copy_traits_sm90_tma.hpp>
@@ -49,7 +51,12 @@ struct FwdTileOrder {
   }
 };
 
-template <int kHeadDim_, bool Is_causal_, class Element_>
+// kClusterM_ = 2: the kernel runs in clusters of two CTAs that work on adjacent Q tiles of one
+// head (tiles 2p and 2p + 1 of the pair order) and load every K and V block once for both:
+// each CTA's producer loads half of the block and multicasts it into both CTAs' shared memory
+// (FwdTileConfig.kv_multicast says where this pays). Full masks only: both tiles of a pair
+// then walk the same KV blocks in lockstep.
+template <int kHeadDim_, bool Is_causal_, class Element_, int kClusterM_ = 1>
 struct FwdTraits {
   using Config = FwdTileConfig<kHeadDim_, Is_causal_>;
   using Element = Element_;
@@ -67,11 +74,19 @@ struct FwdTraits {
   static constexpr bool kPingPong = Config::kPingPong && NumMmaWarpGroups > 1;
   static constexpr bool kOverlapTileEnd = Config::kOverlapTileEnd;
   static constexpr bool kWaitVInTurn = Config::kWaitVInTurn;
+  static constexpr int kClusterM = kClusterM_;
+  static_assert(kClusterM == 1 || (kClusterM == 2 && !Is_causal),
+                "K/V multicast pairs Q tiles that walk the same KV blocks: full masks, clusters of 2");
   static constexpr int kProducerRegisters = 24;
   static constexpr int kMmaRegisters = Config::kMmaRegisters;
   static_assert(kBlockM == 64 * NumMmaWarpGroups, "each MMA warpgroup owns 64 rows of the Q tile");
-  static_assert(128 * (kProducerRegisters + NumMmaWarpGroups * kMmaRegisters) <= 65536,
-                "setmaxnreg budget exceeds the register file");
+  // setmaxnreg moves registers between the warpgroups of a CTA, within what the CTA was launched
+  // with: 65536 / NumThreads per thread, rounded down to the allocation unit of 8. A budget above
+  // that passes the register-file check but the setmaxnreg.inc waits forever (it did, with a
+  // 32-register producer at 2 x 240).
+  static constexpr int kLaunchRegisters = (65536 / NumThreads) / 8 * 8;
+  static_assert(kProducerRegisters + NumMmaWarpGroups * kMmaRegisters <= (NumMmaWarpGroups + 1) * kLaunchRegisters,
+                "setmaxnreg budget exceeds the registers the CTA is launched with");
 
   // ---- WGMMA tilings -------------------------------------------------------------------
   // S = Q K^T: Q and K from smem. O += P V: P from registers (the S accumulator converted
@@ -104,9 +119,12 @@ struct FwdTraits {
                                           StrideBSHD{}));
   using TMA_Q = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, take<0, 2>(SmemLayoutQ{}),
                                        Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
-  using TMA_KV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, take<0, 2>(SmemLayoutK{}),
-                                        Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
+  // K and V: with a cluster, each CTA's TMA loads 1/kClusterM of the block and multicasts it.
+  using TmaKVOp = std::conditional_t<kClusterM == 1, SM90_TMA_LOAD, SM90_TMA_LOAD_MULTICAST>;
+  using TMA_KV = decltype(make_tma_copy(TmaKVOp{}, GmemTensor{}, take<0, 2>(SmemLayoutK{}),
+                                        Shape<Int<kBlockN>, Int<kHeadDim>>{}, Int<kClusterM>{}));
   static constexpr uint32_t kBytesQ = kBlockM * kHeadDim * sizeof(Element);
+  // Bytes that land in one CTA's K (or V) stage: the whole block, its own slice and its peers'.
   static constexpr uint32_t kBytesKV = kBlockN * kHeadDim * sizeof(Element);
 
   // ---- Shared storage --------------------------------------------------------------------
@@ -136,8 +154,8 @@ struct FwdTraits {
     float softmax_scale_log2;
     TileGeometryT<StaticBlocks<kBlockM, kBlockN>> geo;  // KV blocks per Q tile, which blocks need a mask
     int num_heads, heads_per_kv_head;
-    FwdTileOrder order;
-    int* tile_counter;  // work items claimed beyond the first gridDim.x; zero at launch
+    FwdTileOrder order;  // with kClusterM = 2: the order of tile pairs (num_m_blocks / 2 per head)
+    int* tile_counter;   // work items claimed beyond the first gridDim.x; zero at launch (kClusterM = 1)
   };
 };
 

@@ -13,7 +13,9 @@
 // prefetch, mbarrier and work-ring init); the mbarrier-init fence and __syncthreads make those
 // inits visible to every role (and to the TMA unit) before anyone waits on them.
 //
-// A Kernel provides: Params, SharedStorage, kProducerRegisters, kMmaRegisters, and static
+// A Kernel provides: Params, SharedStorage, kProducerRegisters, kMmaRegisters, kClusterSize
+// (CTAs per cluster; above 1 the shell syncs the cluster after setup, and the kernel keeps
+// each CTA alive until its peers are done signalling it), and static
 // __device__ init_shared(params, ss), producer(params, ss), producer_warpgroup_warp(params,
 // ss, warp) for warp in 1..3, mma(params, ss, mma_tidx). The __global__ entry of each pass
 // keeps its own name (fwd_main_kernel, bwd_main_kernel: what profilers show) and calls run().
@@ -41,6 +43,9 @@ struct PersistentShell {
       ptx::fence_mbar_init();
     }
     __syncthreads();
+    // The peers' barriers are initialised before anyone signals them. (At the end no cluster
+    // barrier: the kernel's producer waits until its peers are done with its barriers.)
+    if constexpr (Kernel::kClusterSize > 1) { ptx::cluster_sync(); }
 
     if (warp_idx < 4) {
       cutlass::arch::warpgroup_reg_dealloc<Kernel::kProducerRegisters>();

@@ -52,6 +52,45 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t phase) {
       : "memory");
 }
 
+// Arrives on the mbarrier at the same shared-memory offset in the cluster's CTA `cta_rank`
+// if `pred` (the forward's K/V multicast: a consumer frees a stage in its peer, whose TMA
+// writes into this CTA's copy of it). The stage's readers are WGMMAs the caller has waited for
+// (wgmma.wait_group), and its next writer is the peer's TMA, issued after the peer's producer
+// sees this arrival: CUTLASS's cluster pipelines (PipelineTmaAsync::consumer_release) release
+// such a stage with this same default-semantics arrive. Not .release.cluster: that form made
+// ptxas put a cluster-scope memory barrier before every arrival, and the forward's warps then
+// stalled on it (ncu: 1.9 "membar" stall cycles per issued instruction, the kernel 1.4x slower).
+// Predicated inside the asm rather than branched around, so the caller's loop body stays one
+// basic block.
+__device__ __forceinline__ void mbar_arrive_cluster_if(uint64_t* bar, uint32_t cta_rank, bool pred) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      ".reg .b32 remote;\n"
+      "setp.ne.b32 p, %2, 0;\n"
+      "@p mapa.shared::cluster.u32 remote, %0, %1;\n"
+      "@p mbarrier.arrive.shared::cluster.b64 _, [remote];\n"
+      "}\n" ::"r"(smem_addr(bar)),
+      "r"(cta_rank), "r"(uint32_t(pred))
+      : "memory");
+}
+
+// ---------------------------------------------------------------------------------------
+// Clusters
+// ---------------------------------------------------------------------------------------
+__device__ __forceinline__ uint32_t cluster_ctarank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+
+// Every thread of every CTA of the cluster, converged (.aligned). Release/acquire: what each
+// CTA wrote before it (its mbarrier inits) is visible to its peers after it.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
 // ---------------------------------------------------------------------------------------
 // Named barriers (bar.sync / bar.arrive). Id 0 is __syncthreads; ours start at 1.
 // ---------------------------------------------------------------------------------------

@@ -149,8 +149,9 @@ def test_forward_clusters_match_single_ctas(seqlens, head_dim):
     """Full masks run in clusters of two CTAs that multicast K and V (FwdTileConfig.kv_multicast)
     when a head's Q tiles pair up and sm_margin leaves two SMs, one CTA per tile otherwise. Each
     grid (one CTA, one cluster, two, the full grid) matches the reference with the same bits,
-    and the kernel that ran is the one the rule names (seqlens chosen so that the tile count is
-    even for one head dim and odd for the other)."""
+    and the kernel that ran is the one the rule names (each head dim meets even and odd tile
+    counts among these seqlens). One cluster then runs ten more times on fresh launches: its two
+    CTAs hand every K/V stage back and forth across many pairs, where a race would show."""
     from dash import config
 
     seqlen_q, seqlen_k = seqlens
@@ -173,6 +174,9 @@ def test_forward_clusters_match_single_ctas(seqlens, head_dim):
             base_out, base_lse = out, lse
         else:
             assert torch.equal(out, base_out) and torch.equal(lse, base_lse), f"{label}: bits differ from one CTA's"
+    for i in range(10):
+        out, lse = _fwd_op(q, k, v, False, sm_margin=sms - 2)
+        assert torch.equal(out, base_out) and torch.equal(lse, base_lse), f"one cluster, repeat {i}: bits differ {_tag(seed)}"
 
 
 @pytest.mark.parametrize("causal", [False, True])

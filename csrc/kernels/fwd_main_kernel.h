@@ -97,26 +97,23 @@ struct FwdMainKernel {
       return t + int(gridDim.x) / kClusterM;
     }
   }
-  // The Q tile (row block) of item `t` that this CTA computes: the pair's tile of its rank.
-  static __device__ __forceinline__ int q_tile_of(FwdTileOrder::Tile const& tile) {
-    if constexpr (kClusterM == 1) {
-      return tile.m;
-    } else {
-      return kClusterM * tile.m + int(ptx::cluster_ctarank());
-    }
+  // The Q tile (row block) of item `t` that this CTA computes: the pair's tile of its rank
+  // (`rank`: ptx::cluster_ctarank(), read once by the caller; 0 without a cluster).
+  static __device__ __forceinline__ int q_tile_of(FwdTileOrder::Tile const& tile, uint32_t rank) {
+    return kClusterM * tile.m + int(rank);
   }
 
   // An MMA thread is done reading K/V stage `bar`'s buffer. With a cluster lane 0 of each warp
   // also tells the peers, whose TMA writes their slices of the next block into this CTA's
   // buffer: its warp's lanes passed the wait for the GEMMs that read the stage together
-  // (wgmma.wait_group is .sync.aligned), so lane 0's arrival speaks for the warp.
-  static __device__ __forceinline__ void release_kv(uint64_t* bar) {
+  // (wgmma.wait_group is .sync.aligned), so lane 0's arrival speaks for the warp. `peer` and
+  // `lane0` are computed once per thread (reading %cluster_ctarank per release put an S2R
+  // ahead of every arrive in the loop).
+  static __device__ __forceinline__ void release_kv(uint64_t* bar, uint32_t peer, bool lane0) {
     ptx::mbar_arrive(bar);
     if constexpr (kClusterM > 1) {
-      bool const lane0 = threadIdx.x % 32 == 0;
-      uint32_t const me = ptx::cluster_ctarank();
-      CUTLASS_PRAGMA_UNROLL
-      for (uint32_t r = 1; r < uint32_t(kClusterM); ++r) { ptx::mbar_arrive_cluster_if(bar, (me + r) % kClusterM, lane0); }
+      static_assert(kClusterM == 2, "one peer");
+      ptx::mbar_arrive_cluster_if(bar, peer, lane0);
     }
   }
 
@@ -168,12 +165,13 @@ struct FwdMainKernel {
 
     KVState kv;
     QState qs;
+    uint32_t const rank = kClusterM == 1 ? 0u : ptx::cluster_ctarank();
     int t = first_item();
     for (int k = 0;; ++k) {
       ss.work.publish(k, t);
       if (t >= p.order.num_tiles) { break; }
       auto const tile = p.order.tile(t);
-      int const m = q_tile_of(tile);
+      int const m = q_tile_of(tile, rank);
       int const n_end = p.geo.n_end(m);  // 0: no row of the tile sees a key
       if (n_end == 0) {
         t = next_item(p, t);
@@ -316,6 +314,9 @@ struct FwdMainKernel {
   // ---------------------------------------------------------------------------------------
   static __device__ void mma(Params const& p, SharedStorage& ss, int mma_tidx) {
     int const wg = mma_tidx / 128;
+    uint32_t const rank = kClusterM == 1 ? 0u : ptx::cluster_ctarank();
+    uint32_t const peer = rank ^ 1u;  // unused without a cluster
+    bool const lane0 = threadIdx.x % 32 == 0;
     Tensor sQ = make_tensor(make_smem_ptr(ss.smem_q), typename Traits::SmemLayoutQ{});
     Tensor sK = make_tensor(make_smem_ptr(ss.smem_k), typename Traits::SmemLayoutK{});
     Tensor sVt = make_tensor(make_smem_ptr(ss.smem_v), typename Traits::SmemLayoutVt{});
@@ -344,7 +345,7 @@ struct FwdMainKernel {
       int const t = ss.work.receive(k);  // >= num_tiles: the CTA is done
       if (t >= p.order.num_tiles) { break; }
       auto const tile = p.order.tile(t);
-      int const m = q_tile_of(tile);
+      int const m = q_tile_of(tile, rank);
       // KV blocks [0, n_end) hold a visible key; 0 when no row does (causal, seqlen_q >
       // seqlen_k): the tile's O is then 0 and its LSE -inf.
       int const n_end = p.geo.n_end(m);
@@ -377,7 +378,7 @@ struct FwdMainKernel {
         detail::wgmma_gemm<true, false>(tiled_mma_qk, tSrQ_tile, tSrK(_, _, _, kv.index), tSrS);
         pass_turn(wg);
         warpgroup_wait<0>();
-        release_kv(&ss.bar_k_empty[kv.index]);
+        release_kv(&ss.bar_k_empty[kv.index], peer, lane0);
         if (n_end == 1) { ptx::mbar_arrive(&ss.bar_q_empty[qs.index]); }  // last read of this tile's Q
         if (p.geo.needs_mask(m, n_end - 1)) { apply_mask(p, tSrS, tScS, m, n_end - 1); }
         online_softmax<true>(tSrS, row_max, max_scaled, row_sum, rescale, scale_log2);
@@ -407,7 +408,7 @@ struct FwdMainKernel {
           detail::wgmma_gemm<false, true>(tiled_mma_pv, tOrP_A, tOrVt(_, _, _, kv_prev.index), tOrO);
           pass_turn(wg);
           warpgroup_wait<1>();  // S_n done
-          release_kv(&ss.bar_k_empty[kv.index]);
+          release_kv(&ss.bar_k_empty[kv.index], peer, lane0);
           if (n == 0) { ptx::mbar_arrive(&ss.bar_q_empty[qs.index]); }
           if constexpr (std::is_same_v<decltype(masked), bool>) {
             if (masked) { apply_mask(p, tSrS, tScS, m, n); }
@@ -416,7 +417,7 @@ struct FwdMainKernel {
           }
           online_softmax<false>(tSrS, row_max, max_scaled, row_sum, rescale, scale_log2);
           warpgroup_wait<0>();  // O += P V done: P's registers and V_{n+1} are free
-          release_kv(&ss.bar_v_empty[kv_prev.index]);
+          release_kv(&ss.bar_v_empty[kv_prev.index], peer, lane0);
           CUTLASS_PRAGMA_UNROLL
           for (int i = 0; i < size(tOrO); ++i) { tOrO(i) *= rescale[row_half(i)]; }
           Tensor tOrP_next = detail::convert_fragment<Element>(tSrS);
@@ -451,7 +452,7 @@ struct FwdMainKernel {
           pass_turn(wg);
         }
         warpgroup_wait<0>();
-        release_kv(&ss.bar_v_empty[kv_prev.index]);
+        release_kv(&ss.bar_v_empty[kv_prev.index], peer, lane0);
         qs.advance();
       } else if constexpr (Traits::kOverlapTileEnd) {
         finish_row_stats();  // no key at all: O = 0, LSE = -inf

@@ -53,6 +53,21 @@ inline BSHDStrides checked_tma_strides(char const* name, void const* ptr, BSHDSt
   return out;
 }
 
+// The cudaLaunchKernelEx configuration of a 1-D block with one launch attribute (cooperative,
+// cluster dimension, programmatic stream serialisation). `attr` must outlive the returned
+// configuration, which points at it.
+inline cudaLaunchConfig_t one_attribute_launch_config(cudaLaunchAttribute const* attr, dim3 grid, int block_threads,
+                                                      int smem_bytes, cudaStream_t stream) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(unsigned(block_threads), 1, 1);
+  cfg.dynamicSmemBytes = size_t(smem_bytes);
+  cfg.stream = stream;
+  cfg.attrs = const_cast<cudaLaunchAttribute*>(attr);
+  cfg.numAttrs = 1;
+  return cfg;
+}
+
 // cudaFuncSetAttribute once per kernel and device: it is host work every call would pay.
 // The once-flags are per kernel function: the function is a template argument. Keyed by the
 // function's type instead (a `Kernel kernel` parameter), two kernels of one signature, e.g.
@@ -84,16 +99,11 @@ void launch_main_kernel(typename Traits::template MainParams<Schedule> const& mp
 
   // Cooperative launch: the driver refuses a grid whose CTAs cannot all be resident at
   // once, so every CTA a deterministic wait may depend on is guaranteed to be running.
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeCooperative;
-  attr[0].val.cooperative = 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(num_ctas, 1, 1);
-  cfg.blockDim = dim3(Traits::NumThreads, 1, 1);
-  cfg.dynamicSmemBytes = smem_bytes;
-  cfg.stream = stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cudaLaunchAttribute attr = {};
+  attr.id = cudaLaunchAttributeCooperative;
+  attr.val.cooperative = 1;
+  cudaLaunchConfig_t const cfg =
+      one_attribute_launch_config(&attr, dim3(num_ctas, 1, 1), Traits::NumThreads, smem_bytes, stream);
   cudaError_t const err = cudaLaunchKernelEx(&cfg, kernel, mp);
   if (err == cudaErrorCooperativeLaunchTooLarge) {
     (void)cudaGetLastError();  // clear the sticky launch error
@@ -282,16 +292,10 @@ void run_bwd_impl(BwdParams const& p, cudaStream_t stream) {
   if (p.convert_under_main) {
     PrepostParams cp = pp;
     cp.wait_per_tile = p.deterministic;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = tile_grid;
-    cfg.blockDim = dim3(Traits::NumMmaThreads, 1, 1);
-    cfg.dynamicSmemBytes = 0;
-    cfg.stream = stream;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    cudaLaunchAttribute attr = {};
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t const cfg = one_attribute_launch_config(&attr, tile_grid, Traits::NumMmaThreads, 0, stream);
     check_cuda(cudaLaunchKernelEx(&cfg, bwd_convert_dq_kernel<Traits>, cp), "launch of bwd_convert_dq_kernel");
   } else {
     bwd_convert_dq_kernel<Traits><<<tile_grid, Traits::NumMmaThreads, 0, stream>>>(pp);

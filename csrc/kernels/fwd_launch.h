@@ -29,6 +29,16 @@ inline int fwd_section_heads(int seqlen_k, int head_dim, int elem_bytes, int hea
   return w;
 }
 
+// Clusters of `ctas` x 1 x 1 CTAs.
+inline cudaLaunchAttribute cluster_dim_attribute(int ctas) {
+  cudaLaunchAttribute attr = {};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = unsigned(ctas);
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  return attr;
+}
+
 // The most clusters of `kernel` (at `smem_bytes`, cluster dims `cluster_ctas` x 1 x 1) that
 // can be resident at once on the current device; queried once per device. 0 where the query
 // fails (a device or partition without clusters): the caller then runs one CTA per tile.
@@ -40,17 +50,9 @@ int max_active_clusters(int smem_bytes, int cluster_ctas, int block_threads) {
   int device = 0;
   check_cuda(cudaGetDevice(&device), "cudaGetDevice");
   auto query = [&] {
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = unsigned(cluster_ctas);
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(unsigned(cluster_ctas), 1, 1);
-    cfg.blockDim = dim3(unsigned(block_threads), 1, 1);
-    cfg.dynamicSmemBytes = size_t(smem_bytes);
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    cudaLaunchAttribute const attr = cluster_dim_attribute(cluster_ctas);
+    cudaLaunchConfig_t const cfg =
+        one_attribute_launch_config(&attr, dim3(unsigned(cluster_ctas), 1, 1), block_threads, smem_bytes, nullptr);
     int n = 0;
     if (cudaOccupancyMaxActiveClusters(&n, kKernel, &cfg) != cudaSuccess) {
       (void)cudaGetLastError();  // not sticky: clear it so that the next check_cuda does not see it
@@ -156,18 +158,9 @@ void run_fwd_impl(FwdParams const& p, cudaStream_t stream) {
       int64_t clusters = std::min<int64_t>({num_tiles / 2, int64_t(p.num_ctas_max / 2), int64_t(resident)});
       if (clusters >= 1) {
         auto const mp = make_fwd_main_params<ClusterTraits>(p, q_st, k_st, v_st, num_m_blocks, int(num_bh));
-        cudaLaunchAttribute attr[1];
-        attr[0].id = cudaLaunchAttributeClusterDimension;
-        attr[0].val.clusterDim.x = 2;
-        attr[0].val.clusterDim.y = 1;
-        attr[0].val.clusterDim.z = 1;
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3(unsigned(2 * clusters), 1, 1);
-        cfg.blockDim = dim3(ClusterTraits::NumThreads, 1, 1);
-        cfg.dynamicSmemBytes = smem_bytes;
-        cfg.stream = stream;
-        cfg.attrs = attr;
-        cfg.numAttrs = 1;
+        cudaLaunchAttribute const attr = cluster_dim_attribute(2);
+        cudaLaunchConfig_t const cfg = one_attribute_launch_config(&attr, dim3(unsigned(2 * clusters), 1, 1),
+                                                                   ClusterTraits::NumThreads, smem_bytes, stream);
         // A cluster launch the device refuses for its resources (e.g. SMs held by other work
         // under MPS) is not an error of the call: the one-CTA kernel below computes the same bits.
         cudaError_t const launched = cudaLaunchKernelEx(&cfg, kernel, mp);

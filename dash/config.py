@@ -195,9 +195,10 @@ class FwdTileConfig:
     # K and V block and multicasting it to both (FA3's cluster at hdim 128 full), so that L2 serves
     # each block once per pair of tiles instead of once per tile. Used when the head's Q tiles pair
     # up (an even number) and sm_margin leaves two SMs; otherwise one CTA per tile. Same bits.
-    # Off in the table: measured on the H200 (docs/kernel-notes.md, twenty-first pass) it ran
-    # 1.28-1.52x slower, every remote release then carrying a GPU-scope memory barrier; the form
-    # without that barrier (kernels/ptx.h, mbar_arrive_cluster_if) is built but not yet measured.
+    # Off in the table: measured on the H200 with the fence-free release (kernels/ptx.h,
+    # mbar_arrive_cluster_if; docs/kernel-notes.md, twenty-second pass), bursts 0.95-0.99x the
+    # one-CTA speed at hdim 128 full 2k-16k and 0.97 at hdim 64 full 4k / 16k; sustained 0.995-1.005.
+    # L2 bytes halve (ncu), but the pair walks its blocks in lockstep and needs 5.7 % more cycles.
     kv_multicast: bool = False
     note: str = ""
 

@@ -11,7 +11,8 @@
 // deterministic pseudo-random pattern.
 //
 // --pass fwd runs dash::run_fwd (csrc/fwd_api.h) on the same kind of inputs; it needs no
-// synthetic statistics. Not yet run on a GPU when it was added (compiled only).
+// synthetic statistics (first run on the H200 on 2026-11-30:
+// benchmarks/results/logs/2026-11-30-NVIDIA-H200-bwd-runner-ebf9e4a.log).
 //
 // TIMING AND PROFILING ONLY (the backward). The softmax_lse handed to the kernels is synthetic: the constant
 // log(seqlen_k), which is about what a forward over these small random inputs would give, not
@@ -98,8 +99,9 @@ constexpr char kUsage[] =
     "                       [--seqlen-k SK] [--hdim D] [--causal | --no-causal] [--dtype bf16|fp16]\n"
     "                       [--deterministic | --no-deterministic] [--schedule NAME] [--iters K] [--warmup W]\n"
     "\n"
-    "Times DASH's backward kernels (dash::run_bwd) on synthetic inputs; for ncu / nsys without Python.\n"
-    "The softmax_lse it uses is a synthetic constant: results are for timing and profiling only.\n"
+    "Times DASH's backward kernels (dash::run_bwd), or with --pass fwd its forward (dash::run_fwd), on\n"
+    "synthetic inputs; for ncu / nsys without Python. The backward's softmax_lse is a synthetic constant:\n"
+    "its results are for timing and profiling only.\n"
     "\n"
     "  --pass        bwd (default) or fwd\n"
     "  --batch       default 16384 / seqlen-q (16k tokens), at least 1\n"
@@ -581,9 +583,13 @@ int run(Options const& o, std::string const& command_line) {
   check_cuda(cudaStreamSynchronize(stream), "filling the inputs");
 
   std::printf("%s: %s (%d SMs): %s\n", kProg, prop.name, prop.multiProcessorCount, pass->describe().c_str());
-  std::printf("  inputs: pseudo-random in [-1, 1); softmax_lse a synthetic constant: timing and profiling only, "
-              "the gradients are not those of a forward\n");
-  if (o.heads != o.heads_kv) {
+  if (o.pass == "bwd") {
+    std::printf("  inputs: pseudo-random in [-1, 1); softmax_lse a synthetic constant: timing and profiling only, "
+                "the gradients are not those of a forward\n");
+  } else {
+    std::printf("  inputs: pseudo-random in [-1, 1); out and softmax_lse are the forward's own\n");
+  }
+  if (o.pass == "bwd" && o.heads != o.heads_kv) {
     std::printf("  GQA: each iteration also zeroes the fp32 dK/dV accumulators and their semaphore, as the torch op "
                 "does before each call\n");
   }

@@ -184,8 +184,8 @@ def test_dash_bench_model_fallback_writes_nothing(tmp_path, capsys):
 # ---------------------------------------------------------------------------------------
 # Scripts that need a GPU refuse in one line
 # ---------------------------------------------------------------------------------------
-GPU_SCRIPTS = ["benchmarks/bench_bwd.py", "tools/smoke_bwd.py", "tools/smoke_fwd.py", "tools/sanitize_bwd.py", "tools/sanitize_fwd.py",
-               "tools/profile_bwd.py", "tools/ab_time.py", "tools/bwd_kernel_breakdown.py",
+GPU_SCRIPTS = ["benchmarks/bench_bwd.py", "tools/smoke_bwd.py", "tools/smoke_fwd.py", "tools/sanitize_bwd.py",
+               "tools/sanitize_fwd.py", "tools/profile_bwd.py", "tools/ab_time.py", "tools/bwd_kernel_breakdown.py",
                "tools/trace_step_periods.py", "tools/fwd_clock_sample.py", "tools/fwd_clock_reasons.py"]
 
 

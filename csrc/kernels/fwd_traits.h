@@ -80,13 +80,6 @@ struct FwdTraits {
   static constexpr int kProducerRegisters = 24;
   static constexpr int kMmaRegisters = Config::kMmaRegisters;
   static_assert(kBlockM == 64 * NumMmaWarpGroups, "each MMA warpgroup owns 64 rows of the Q tile");
-  // setmaxnreg moves registers between the warpgroups of a CTA, within what the CTA was launched
-  // with: 65536 / NumThreads per thread, rounded down to the allocation unit of 8. A budget above
-  // that passes the register-file check but the setmaxnreg.inc waits forever (it did, with a
-  // 32-register producer at 2 x 240).
-  static constexpr int kLaunchRegisters = (65536 / NumThreads) / 8 * 8;
-  static_assert(kProducerRegisters + NumMmaWarpGroups * kMmaRegisters <= (NumMmaWarpGroups + 1) * kLaunchRegisters,
-                "setmaxnreg budget exceeds the registers the CTA is launched with");
 
   // ---- WGMMA tilings -------------------------------------------------------------------
   // S = Q K^T: Q and K from smem. O += P V: P from registers (the S accumulator converted

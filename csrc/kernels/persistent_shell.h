@@ -13,7 +13,7 @@
 // prefetch, mbarrier and work-ring init); the mbarrier-init fence and __syncthreads make those
 // inits visible to every role (and to the TMA unit) before anyone waits on them.
 //
-// A Kernel provides: Params, SharedStorage, kProducerRegisters, kMmaRegisters, kClusterSize
+// A Kernel provides: Params, SharedStorage, NumMmaWarpGroups, kProducerRegisters, kMmaRegisters, kClusterSize
 // (CTAs per cluster; above 1 the shell syncs the cluster after setup, and the kernel keeps
 // each CTA alive until its peers are done signalling it), and static
 // __device__ init_shared(params, ss), producer(params, ss), producer_warpgroup_warp(params,
@@ -32,6 +32,16 @@ template <class Kernel>
 struct PersistentShell {
   using Params = typename Kernel::Params;
   using SharedStorage = typename Kernel::SharedStorage;
+
+  // setmaxnreg moves registers between the warpgroups of a CTA, within what the CTA was launched
+  // with: 65536 / threads per thread, rounded down to the allocation unit of 8. A budget above
+  // that passes a register-file check but the MMA warpgroups' setmaxnreg.inc waits forever (it
+  // did, with a 32-register producer at 2 x 240 in the forward).
+  static constexpr int kWarpGroups = Kernel::NumMmaWarpGroups + 1;
+  static constexpr int kLaunchRegisters = (65536 / (128 * kWarpGroups)) / 8 * 8;
+  static_assert(Kernel::kProducerRegisters + Kernel::NumMmaWarpGroups * Kernel::kMmaRegisters <=
+                    kWarpGroups * kLaunchRegisters,
+                "setmaxnreg budget exceeds the registers the CTA is launched with");
 
   static __device__ __forceinline__ void run(Params const& params) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];

@@ -200,11 +200,24 @@ class FwdTileConfig:
     # one-CTA speed at hdim 128 full 2k-16k and 0.97 at hdim 64 full 4k / 16k; sustained 0.995-1.005.
     # L2 bytes halve (ncu), but the pair walks its blocks in lockstep and needs 5.7 % more cycles.
     kv_multicast: bool = False
+    # Online softmax with a conditional rescale. A number: the max subtracted before the
+    # exponentials is raised only when a block's row max exceeds it by more than 2**this (exp2
+    # units of the scaled scores), so P may reach 2**this instead of 1 (bf16/fp16 P and the fp32
+    # sums hold that as well as 1), and a warp multiplies its O rows by the rescale factors only
+    # when one of its rows raised its max: on the blocks where none did (after the first few, on
+    # typical rows) the O rescale is skipped. None: the exact running max, O rescaled on every
+    # block (FA3's). Measured on the H200 with 8 (docs/kernel-notes.md, twenty-third pass): hdim
+    # 128 full 2k / 8k / 16k +3.2 / +5.3 / +4.7 %, causal +2.2 / +3.4 / +2.6 %; hdim 64 causal
+    # +0.3 to +1.2 %, full -0.8 to -1.6 %. Other bits than None's (another max is subtracted).
+    rescale_max_growth_log2: float | None = None
     note: str = ""
 
     def __post_init__(self) -> None:
         if self.q_stages not in (1, 2):
             raise ValueError(f"q_stages={self.q_stages} is not supported (1 or 2)")
+        if self.rescale_max_growth_log2 is not None and not 0.0 <= self.rescale_max_growth_log2 <= 12.0:
+            # P reaches 2**growth: 12 keeps it 16x below fp16's largest finite value (65504).
+            raise ValueError(f"rescale_max_growth_log2={self.rescale_max_growth_log2} is not supported (0 to 12)")
         if self.kv_multicast and self.causal:
             raise ValueError("kv_multicast pairs Q tiles that walk the same KV blocks: full masks only")
         if self.block_m != 64 * self.mma_warpgroups:
@@ -228,8 +241,8 @@ class FwdTileConfig:
 FWD_TILE_CONFIGS: tuple[FwdTileConfig, ...] = (
     FwdTileConfig(64, False, 192, 128, 3, 2, 160, True, overlap_tile_end=True, q_stages=2, note="3 MMA warpgroups of 64 rows; ~112 KB smem"),
     FwdTileConfig(64, True, 192, 128, 3, 2, 160, True, overlap_tile_end=True, note="3 MMA warpgroups of 64 rows; ~88 KB smem"),
-    FwdTileConfig(128, False, 128, 128, 2, 2, 240, True, v_wait_in_turn=True, note="~160 KB smem"),
-    FwdTileConfig(128, True, 128, 128, 2, 2, 240, True, v_wait_in_turn=True, note="~160 KB smem"),
+    FwdTileConfig(128, False, 128, 128, 2, 2, 240, True, v_wait_in_turn=True, rescale_max_growth_log2=8.0, note="~160 KB smem"),
+    FwdTileConfig(128, True, 128, 128, 2, 2, 240, True, v_wait_in_turn=True, rescale_max_growth_log2=8.0, note="~160 KB smem"),
 )
 
 
@@ -337,6 +350,8 @@ def render_cpp_header() -> str:
             f"  static constexpr int kStagesQ = {cfg.q_stages};",
             f"  static constexpr bool kWaitVInTurn = {'true' if cfg.v_wait_in_turn else 'false'};",
             f"  static constexpr bool kKVMulticast = {'true' if cfg.kv_multicast else 'false'};",
+            f"  static constexpr bool kConditionalRescale = {'false' if cfg.rescale_max_growth_log2 is None else 'true'};",
+            f"  static constexpr float kRescaleMaxGrowthLog2 = {float(cfg.rescale_max_growth_log2 or 0.0)!r}f;",
             "};",
             "",
         ]

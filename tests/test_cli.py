@@ -534,6 +534,9 @@ def test_forward_tile_config_invariants_are_enforced():
     assert two.smem_bytes() - one.smem_bytes() == 128 * 128 * 2
     with pytest.raises(ValueError, match="kv_multicast .* full masks only"):
         C.FwdTileConfig(128, True, 128, 128, 2, 2, 240, True, kv_multicast=True)
+    for growth in (-1.0, 12.5, float("nan")):
+        with pytest.raises(ValueError, match="rescale_max_growth_log2=.* is not supported \\(0 to 12\\)"):
+            C.FwdTileConfig(128, True, 128, 128, 2, 2, 240, True, rescale_max_growth_log2=growth)
 
 def test_forward_kv_multicast_is_rendered_per_row(monkeypatch):
     import dataclasses
@@ -560,7 +563,7 @@ def test_check_table_rejects_bad_tables():
 
 
 _SPEC = re.compile(r"template <> struct BwdTileConfig<(\d+), (true|false)> \{(.*?)\};", re.S)
-_FIELD = re.compile(r"static constexpr (?:int|bool) (\w+) = (\w+);")
+_FIELD = re.compile(r"static constexpr (?:int|bool|float) (\w+) = ([\w.]+);")
 
 
 def _cpp(v) -> str:
@@ -617,6 +620,8 @@ def test_render_cpp_header_has_every_forward_config():
             "kStagesQ": _cpp(cfg.q_stages),
             "kWaitVInTurn": _cpp(cfg.v_wait_in_turn),
             "kKVMulticast": _cpp(cfg.kv_multicast),
+            "kConditionalRescale": _cpp(cfg.rescale_max_growth_log2 is not None),
+            "kRescaleMaxGrowthLog2": f"{float(cfg.rescale_max_growth_log2 or 0.0)!r}f",
         }
 
 

@@ -90,6 +90,39 @@ def test_forward_gqa_and_fp16(heads, causal, head_dim):
         _check_forward(q, k, v, causal, out, lse, f"{hq}/{hk} causal={causal} d={head_dim} {dtype} {_tag(seed)}")
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_forward_rows_whose_max_keeps_rising(dtype, causal, head_dim):
+    """Scores that rise toward key 0, the last block the kernel visits (it walks the KV blocks
+    from the last to the first), at a different pace per row: within a warp some rows raise the
+    max they subtract on most blocks, some on a few and some never after the first, while P of
+    the rows that keep a stale max reaches up to 2**FwdTileConfig.rescale_max_growth_log2. Where
+    the table sets that growth, every path of the conditional rescale (a warp rescales its O rows
+    only when one of its rows raised its max) runs; elsewhere the exact running max is raised on
+    most blocks. Both must meet the reference as random scores do, with the same bits every run."""
+    seqlen = 2048
+    seed = _seed("rising-max", causal, head_dim, str(dtype))
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q, k, v = _inputs(1, seqlen, seqlen, 2, 2, head_dim, dtype, seed)
+    q, k = q.float() * 0.3, k.float() * 0.3
+    # Row i's score with key j is about pace_i * (seqlen - j) / 128 natural units (scale 1 below):
+    # paces 0 .. 4 per 128-key block are 0 .. 5.8 in exp2 units, so 16 blocks span 0 .. 92.
+    paces = torch.tensor([0.0, 0.125, 0.25, 0.5, 1.0, 2.0, 3.0, 4.0], device="cuda")
+    pace = paces[torch.randint(0, len(paces), (seqlen,), device="cuda", generator=gen)]
+    q[0, :, :, 0] = pace[:, None]
+    k[0, :, :, 0] = (seqlen - torch.arange(seqlen, device="cuda", dtype=torch.float32))[:, None] / 128
+    q, k = q.to(dtype), k.to(dtype)
+    out, lse = _fwd_op(q, k, v, causal, scale=1.0)
+    hi_out, hi_lse = reference.attention_forward(q, k, v, 1.0, causal=causal, compute_dtype=torch.float64)
+    lo_out, lo_lse = reference.attention_forward(q, k, v, 1.0, causal=causal, compute_dtype=q.dtype)
+    label = f"rising max causal={causal} d={head_dim} {dtype} {_tag(seed)}"
+    reference.assert_within_bound(out, hi_out, lo_out, f"{label} out")
+    reference.assert_within_bound(lse, hi_lse, lo_lse, f"{label} lse")
+    again, again_lse = _fwd_op(q, k, v, causal, scale=1.0)
+    assert torch.equal(again, out) and torch.equal(again_lse, lse), f"{label}: bits differ between runs"
+
+
 def test_forward_softmax_scale_and_strided_inputs():
     """A packed qkv gives q, k, v with a heads stride of 3 heads: the TMA descriptors take
     the strides as given (no copy); a non-default softmax_scale is honoured."""

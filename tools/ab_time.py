@@ -39,6 +39,10 @@ def main() -> int:
     ap.add_argument("--mask", choices=("full", "causal", "both"), default="both")
     ap.add_argument("--deterministic", action="store_true", help="bwd: deterministic mode (schedule auto)")
     ap.add_argument("--iters", type=int, default=12)
+    ap.add_argument("--scores", choices=("random", "rising"), default="random",
+                    help="rising: every row's scores grow by more than 2**8 (exp2 units) per 128 keys toward "
+                         "key 0, the forward's last block, so its online softmax raises its max on every block "
+                         "(the worst case of FwdTileConfig.rescale_max_growth_log2)")
     ap.add_argument("--sustained", type=nonnegative_float, default=0.0,
                     help="seconds of back-to-back calls per side and round under sustained load (0: bursts)")
     args = ap.parse_args()
@@ -91,6 +95,8 @@ def _time_rows(args, sampler) -> int:
                 # Seeded per row: both builds see the same inputs, so their outputs compare bit for bit.
                 inputs = make_input_sets(Shape.paper(s, d, causal), 1, torch.device("cuda"))[0]
                 q, k, v = inputs["q"], inputs["k"], inputs["v"]
+                if args.scores == "rising":
+                    _make_scores_rise(inputs, causal)
                 digest = tensor_digest(inputs["out"])[:16] + "/" + tensor_digest(inputs["lse"])[:16]
                 det = bool(args.deterministic)
                 inputs.update(causal=causal, det=det, qkv_t=tuple(t.transpose(1, 2) for t in (q, k, v)),
@@ -111,12 +117,26 @@ def _time_rows(args, sampler) -> int:
                     ms = {name: x["ms"] for name, x in sus.items()}
                     clock.update({f"{name}_{key}": x[key] for name, x in sus.items() for key in ("sm_mhz", "watts")})
                     clock["sustained_s"] = args.sustained
-                print(json.dumps({"label": args.label, "op": args.op, "hdim": d, "causal": causal, "seqlen": s,
+                print(json.dumps({"label": args.label, "scores": args.scores, "op": args.op, "hdim": d, "causal": causal, "seqlen": s,
                                   "dash_ms": ms["dash"], "cudnn_ms": ms["cudnn"],
                                   "dash_over_cudnn_time": ms["dash"] / ms["cudnn"], "digest": digest,
                                   "deterministic": bool(args.deterministic), **clock,
                                   "dash_version": getattr(dash, "__file__", "?")}), flush=True)
     return 0
+
+
+def _make_scores_rise(s, causal):
+    """Scores that rise by about 7 natural units (10 in exp2 units) per 128 keys toward key 0, in
+    every row: q's first coordinate 8, k's (seqlen - j) / 128 * 7 * 8 * sqrt(d) / 64. out and lse
+    are recomputed from the new inputs."""
+    from dash import ops
+
+    q, k = s["q"], s["k"]
+    seqlen, d = k.shape[1], k.shape[-1]
+    q[..., 0] = 8.0
+    ramp = (seqlen - torch.arange(seqlen, device=k.device, dtype=torch.float32)) / 128 * 7.0 * 8.0 * d**0.5 / 64
+    k[..., 0] = ramp[None, :, None].to(k.dtype)
+    s["out"], s["lse"] = ops.forward_impl(q, k, s["v"], s["scale"], causal)
 
 
 def _dash_fwd(s):

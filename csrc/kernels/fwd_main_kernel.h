@@ -6,7 +6,10 @@
 //   warpgroups 1..W     : MMA. Each owns 64 query rows of the Q tile and keeps their O
 //                         rows, running max and running sum in registers: S = Q K^T
 //                         (WGMMA from smem), online softmax in fp32, O += P V (P straight
-//                         from registers).
+//                         from registers). Where the table says so (hdim 128) the softmax
+//                         raises the max it subtracts only when it grows by more than 2^8,
+//                         and a warp rescales its O rows only on blocks where one of its
+//                         rows raised it (online_softmax, kConditionalRescale).
 //
 // Two overlaps keep the tensor cores busy while softmax runs on the FMA/MUFU units:
 //   * inside a warpgroup, S of block j+1 is issued together with O += P_j V_j, and the
@@ -261,26 +264,44 @@ struct FwdMainKernel {
     return x + __shfl_xor_sync(0xffffffff, x, 2);
   }
 
-  // Online softmax of one block, in place: S -> P = exp2(S * scale_log2 - max_scaled) with
-  // the row max updated to include this block; returns in `rescale` the factor by which
-  // the O rows and sums accumulated so far must be multiplied. A row whose keys so far are
-  // all masked has max -inf: it uses 0 as the subtracted max (P = exp2(-inf) = 0, no NaN).
+  // Online softmax of one block, in place: S -> P = exp2(S * scale_log2 - max_scaled), where
+  // `row_max` is the max subtracted from the row (`max_scaled` = row_max * scale_log2); `rescale`
+  // gets the factor by which the O rows and sums accumulated so far must be multiplied. Returns
+  // whether one of this thread's rows raised its max (only then is a factor other than 1).
+  //   * kConditionalRescale (dash/config.py, FwdTileConfig.rescale_max_growth_log2 says where it
+  //     pays): the max is raised only when the block's row max exceeds it by more than
+  //     kRescaleMaxGrowthLog2 in exp2 units, so P stays at most 2^kRescaleMaxGrowthLog2 and most
+  //     blocks of a long row raise nothing (the caller then skips the O rescale).
+  //   * otherwise: the exact running max (FA3's online softmax).
+  // A row whose keys so far are all masked has max -inf: it uses 0 as the subtracted max
+  // (P = exp2(-inf) = 0, no NaN).
   template <bool First, class Frag>
-  static __device__ __forceinline__ void online_softmax(Frag& s, float (&row_max)[2], float (&max_scaled)[2],
+  static __device__ __forceinline__ bool online_softmax(Frag& s, float (&row_max)[2], float (&max_scaled)[2],
                                                         float (&row_sum)[2], float (&rescale)[2], float scale_log2) {
     float block_max[2] = {-INFINITY, -INFINITY};
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < size(s); ++i) { block_max[row_half(i)] = fmaxf(block_max[row_half(i)], s(i)); }
+    bool raised = false;
     CUTLASS_PRAGMA_UNROLL
     for (int r = 0; r < 2; ++r) {
-      float const new_max = First ? quad_max(block_max[r]) : fmaxf(row_max[r], quad_max(block_max[r]));
+      float const block_row_max = quad_max(block_max[r]);
       if constexpr (First) {
         rescale[r] = 1.f;
+        row_max[r] = block_row_max;
+      } else if constexpr (Traits::kConditionalRescale) {
+        // False when both are -inf (NaN): the row has seen no key yet and stays at -inf. True
+        // when only row_max is -inf: the factor exp2(-inf) = 0 meets an O row that is still 0.
+        bool const raise = (block_row_max - row_max[r]) * scale_log2 > Traits::kRescaleMaxGrowthLog2;
+        rescale[r] = raise ? detail::exp2_approx((row_max[r] - block_row_max) * scale_log2) : 1.f;
+        row_max[r] = raise ? block_row_max : row_max[r];
+        raised |= raise;
       } else {
+        float const new_max = fmaxf(row_max[r], block_row_max);
         rescale[r] = new_max == -INFINITY ? 1.f : detail::exp2_approx((row_max[r] - new_max) * scale_log2);
+        row_max[r] = new_max;
+        raised = true;
       }
-      row_max[r] = new_max;
-      max_scaled[r] = new_max == -INFINITY ? 0.f : new_max * scale_log2;
+      max_scaled[r] = row_max[r] == -INFINITY ? 0.f : row_max[r] * scale_log2;
     }
     float block_sum[2] = {0.f, 0.f};
     CUTLASS_PRAGMA_UNROLL
@@ -293,6 +314,7 @@ struct FwdMainKernel {
       // Each thread keeps a partial sum of its own columns; quads are summed once at the end.
       row_sum[r] = First ? block_sum[r] : row_sum[r] * rescale[r] + block_sum[r];
     }
+    return raised;
   }
 
   // Masks S of block n of Q tile m: keys past seqlen_k, and (causal) keys after the query's
@@ -415,14 +437,30 @@ struct FwdMainKernel {
           } else if constexpr (decltype(masked)::value) {
             apply_mask(p, tSrS, tScS, m, n);
           }
-          online_softmax<false>(tSrS, row_max, max_scaled, row_sum, rescale, scale_log2);
+          bool const raised = online_softmax<false>(tSrS, row_max, max_scaled, row_sum, rescale, scale_log2);
           warpgroup_wait<0>();  // O += P V done: P's registers and V_{n+1} are free
           release_kv(&ss.bar_v_empty[kv_prev.index], peer, lane0);
-          CUTLASS_PRAGMA_UNROLL
-          for (int i = 0; i < size(tOrO); ++i) { tOrO(i) *= rescale[row_half(i)]; }
-          Tensor tOrP_next = detail::convert_fragment<Element>(tSrS);
-          CUTLASS_PRAGMA_UNROLL
-          for (int i = 0; i < size(tOrP); ++i) { tOrP(i) = tOrP_next(i); }
+          auto rescale_o = [&] {
+            CUTLASS_PRAGMA_UNROLL
+            for (int i = 0; i < size(tOrO); ++i) { tOrO(i) *= rescale[row_half(i)]; }
+          };
+          auto convert_p = [&] {
+            Tensor tOrP_next = detail::convert_fragment<Element>(tSrS);
+            CUTLASS_PRAGMA_UNROLL
+            for (int i = 0; i < size(tOrP); ++i) { tOrP(i) = tOrP_next(i); }
+          };
+          if constexpr (Traits::kConditionalRescale) {
+            // P first: with the conversions ahead of the branch ptxas interleaves them with the
+            // exponentials; behind it they ran after the last one (and the loop lost 3-6 %,
+            // kernel notes, twenty-third pass). The O rescale only where a row of the warp
+            // raised its max (every other factor is exactly 1); the vote keeps the branch
+            // warp-uniform.
+            convert_p();
+            if (__any_sync(0xffffffffu, raised)) { rescale_o(); }
+          } else {
+            rescale_o();
+            convert_p();
+          }
           kv_prev = kv;
           kv.advance();
         };

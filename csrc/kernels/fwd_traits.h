@@ -74,6 +74,8 @@ struct FwdTraits {
   static constexpr bool kPingPong = Config::kPingPong && NumMmaWarpGroups > 1;
   static constexpr bool kOverlapTileEnd = Config::kOverlapTileEnd;
   static constexpr bool kWaitVInTurn = Config::kWaitVInTurn;
+  static constexpr bool kConditionalRescale = Config::kConditionalRescale;
+  static constexpr float kRescaleMaxGrowthLog2 = Config::kRescaleMaxGrowthLog2;
   static constexpr int kClusterM = kClusterM_;
   static_assert(kClusterM == 1 || (kClusterM == 2 && !Is_causal),
                 "K/V multicast pairs Q tiles that walk the same KV blocks: full masks, clusters of 2");

@@ -207,8 +207,11 @@ class FwdTileConfig:
     # when one of its rows raised its max: on the blocks where none did (after the first few, on
     # typical rows) the O rescale is skipped. None: the exact running max, O rescaled on every
     # block (FA3's). Measured on the H200 with 8 (docs/kernel-notes.md, twenty-third pass): hdim
-    # 128 full 2k / 8k / 16k +3.2 / +5.3 / +4.7 %, causal +2.2 / +3.4 / +2.6 %; hdim 64 causal
-    # +0.3 to +1.2 %, full -0.8 to -1.6 %. Other bits than None's (another max is subtracted).
+    # 128 full 2k / 8k / 16k +3.2 / +5.3 / +4.7 %, causal +2.2 / +3.4 / +2.6 % (bursts), +2.8 to
+    # +4.2 % sustained at the power cap; 0.988-1.008 when every row raises its max on every block
+    # (its worst case); hdim 64 causal +0.3 to +1.2 %, full -0.8 to -1.6 % (so None there). With 0
+    # (the exact max, rescale skipped only where no row of the warp grew): no gain. Other bits
+    # than None's (another max is subtracted).
     rescale_max_growth_log2: float | None = None
     note: str = ""
 

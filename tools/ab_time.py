@@ -117,7 +117,8 @@ def _time_rows(args, sampler) -> int:
                     ms = {name: x["ms"] for name, x in sus.items()}
                     clock.update({f"{name}_{key}": x[key] for name, x in sus.items() for key in ("sm_mhz", "watts")})
                     clock["sustained_s"] = args.sustained
-                print(json.dumps({"label": args.label, "scores": args.scores, "op": args.op, "hdim": d, "causal": causal, "seqlen": s,
+                print(json.dumps({"label": args.label, "scores": args.scores, "op": args.op, "hdim": d,
+                                  "causal": causal, "seqlen": s,
                                   "dash_ms": ms["dash"], "cudnn_ms": ms["cudnn"],
                                   "dash_over_cudnn_time": ms["dash"] / ms["cudnn"], "digest": digest,
                                   "deterministic": bool(args.deterministic), **clock,

@@ -7,8 +7,9 @@
 #
 #   tools/ab_run.sh "fwd|bwd|bwd --deterministic" NAME=DIR ...   (base = this checkout's dash/)
 #
-# DIR holds a variant's _C*.so and _build_manifest.json (carry it); it is run as a copy of
-# this checkout's dash/ with those two files swapped in. Lines go to $OUT/ab.jsonl.
+# DIR holds a variant's _C*.so and _build_manifest.json, and its dash/config.py when its table
+# differs (carry it); it is run as a copy of this checkout's dash/ with those files swapped in.
+# Lines go to $OUT/ab.jsonl.
 set -u
 ops=$1; shift
 OUT=${OUT:-ab-out}; mkdir -p "$OUT"; rm -f "$OUT/ab.jsonl" "$OUT/ab.err"
@@ -18,6 +19,9 @@ for v in "$@"; do
   rm -rf "$pkg" && mkdir -p "$pkg" && cp -r dash "$pkg/" \
     && cp "$dir"/_C*.so "$dir"/_build_manifest.json "$pkg/dash/" \
     || { echo "ab_run: variant $name: no _C*.so and _build_manifest.json in $dir" >&2; exit 1; }
+  # A variant built from another table brings its dash/config.py, so that the Python side reads the
+  # table its kernels were compiled from.
+  if [ -f "$dir/config.py" ]; then cp "$dir/config.py" "$pkg/dash/"; fi
   builds+=("$name:$pkg")
 done
 IFS='|' read -ra oplist <<< "$ops"

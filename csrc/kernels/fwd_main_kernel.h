@@ -267,7 +267,8 @@ struct FwdMainKernel {
   // Online softmax of one block, in place: S -> P = exp2(S * scale_log2 - max_scaled), where
   // `row_max` is the max subtracted from the row (`max_scaled` = row_max * scale_log2); `rescale`
   // gets the factor by which the O rows and sums accumulated so far must be multiplied. Returns
-  // whether one of this thread's rows raised its max (only then is a factor other than 1).
+  // whether one of this thread's rows raised its max (only then is a factor other than 1); the
+  // caller reads it only under kConditionalRescale, so the exact-max path just returns true.
   //   * kConditionalRescale (dash/config.py, FwdTileConfig.rescale_max_growth_log2 says where it
   //     pays): the max is raised only when the block's row max exceeds it by more than
   //     kRescaleMaxGrowthLog2 in exp2 units, so P stays at most 2^kRescaleMaxGrowthLog2 and most

@@ -213,6 +213,18 @@ class FwdTileConfig:
     # (the exact max, rescale skipped only where no row of the warp grew): no gain. Other bits
     # than None's (another max is subtracted).
     rescale_max_growth_log2: float | None = None
+    # The persistent tile order (FwdTileOrder) walks the (batch, head) pairs in L2 sections: the
+    # most heads (a power of two) whose K and V take at most this many MiB, Q tiles longest first
+    # inside a section. Smaller sections keep the K/V the grid reads at once resident in L2 beside
+    # the Q tiles and outputs streaming past; larger ones balance a causal grid's tail better,
+    # since the last section's longest tile is then a smaller share of what is left to share out
+    # (tools/fwd_tile_order_model.py). Same bits for any value (the order changes which CTA runs
+    # a tile, not what it computes). Measured on the H200, 32 against 12 (docs/kernel-notes.md,
+    # twenty-fourth pass): hdim 64 causal 2k / 4k / 8k / 16k +0.4 / +1.1 / +1.5 / +1.6 % (the
+    # model's idle share 1.2-1.8 % -> 0.3-0.7 %), hdim 128 causal 8k / 16k -2.6 / -3.1 % (4 and
+    # 8 MiB of K/V per head there: sections of 2 and 1 heads become 8 and 4); the sixth pass
+    # measured 32 at hdim 128 full 4k -2 to -3 %.
+    l2_section_mib: int = 12
     note: str = ""
 
     def __post_init__(self) -> None:
@@ -221,6 +233,8 @@ class FwdTileConfig:
         if self.rescale_max_growth_log2 is not None and not 0.0 <= self.rescale_max_growth_log2 <= 12.0:
             # P reaches 2**growth: 12 keeps it 16x below fp16's largest finite value (65504).
             raise ValueError(f"rescale_max_growth_log2={self.rescale_max_growth_log2} is not supported (0 to 12)")
+        if not 1 <= self.l2_section_mib <= 1024:
+            raise ValueError(f"l2_section_mib={self.l2_section_mib} is not supported (1 to 1024 MiB)")
         if self.kv_multicast and self.causal:
             raise ValueError("kv_multicast pairs Q tiles that walk the same KV blocks: full masks only")
         if self.block_m != 64 * self.mma_warpgroups:
@@ -235,6 +249,10 @@ class FwdTileConfig:
     def num_threads(self) -> int:
         return 128 * (self.mma_warpgroups + 1)
 
+    @property
+    def l2_section_bytes(self) -> int:
+        return self.l2_section_mib << 20
+
     def smem_bytes(self, elem_bytes: int = 2) -> int:
         d = self.head_dim
         return (self.q_stages * self.block_m * d + 2 * self.kv_stages * self.block_n * d) * elem_bytes
@@ -243,7 +261,7 @@ class FwdTileConfig:
 #: The forward table. Keyed by (head_dim, causal).
 FWD_TILE_CONFIGS: tuple[FwdTileConfig, ...] = (
     FwdTileConfig(64, False, 192, 128, 3, 2, 160, True, overlap_tile_end=True, q_stages=2, note="3 MMA warpgroups of 64 rows; ~112 KB smem"),
-    FwdTileConfig(64, True, 192, 128, 3, 2, 160, True, overlap_tile_end=True, note="3 MMA warpgroups of 64 rows; ~88 KB smem"),
+    FwdTileConfig(64, True, 192, 128, 3, 2, 160, True, overlap_tile_end=True, l2_section_mib=32, note="3 MMA warpgroups of 64 rows; ~88 KB smem"),
     FwdTileConfig(128, False, 128, 128, 2, 2, 240, True, v_wait_in_turn=True, rescale_max_growth_log2=8.0, note="~160 KB smem"),
     FwdTileConfig(128, True, 128, 128, 2, 2, 240, True, v_wait_in_turn=True, rescale_max_growth_log2=8.0, note="~160 KB smem"),
 )
@@ -251,11 +269,6 @@ FWD_TILE_CONFIGS: tuple[FwdTileConfig, ...] = (
 
 #: Semaphore / workspace constants shared by host and kernels.
 PREPROCESS_THREADS = 256
-#: Forward tile order (FwdTileOrder): the K/V bytes of the heads in one L2 section, a quarter of
-#: a 50 MB L2, so the sections the grid works on at once stay resident beside the Q tiles and
-#: outputs streaming past (fwd_section_heads in csrc/kernels/fwd_launch.h;
-#: tools/fwd_tile_order_model.py). 32 MB measured -2 to -3 % at hdim 128 full 4k.
-FWD_L2_SECTION_BYTES = 12 << 20
 H100_SMEM_LIMIT_BYTES = 227 * 1024
 
 
@@ -355,6 +368,7 @@ def render_cpp_header() -> str:
             f"  static constexpr bool kKVMulticast = {'true' if cfg.kv_multicast else 'false'};",
             f"  static constexpr bool kConditionalRescale = {'false' if cfg.rescale_max_growth_log2 is None else 'true'};",
             f"  static constexpr float kRescaleMaxGrowthLog2 = {float(cfg.rescale_max_growth_log2 or 0.0)!r}f;",
+            f"  static constexpr long long kL2SectionBytes = {cfg.l2_section_bytes};",
             "};",
             "",
         ]
@@ -364,7 +378,6 @@ def render_cpp_header() -> str:
         "// X(head_dim) for every head dim of the table (host code that switches on the head dim).",
         "#define DASH_FOR_EACH_HEAD_DIM(X) " + " ".join(f"X({d})" for d in SUPPORTED_HEAD_DIMS),
         f"inline constexpr int kPreprocessThreads = {PREPROCESS_THREADS};",
-        f"inline constexpr long long kFwdL2SectionBytes = {FWD_L2_SECTION_BYTES};",
         "",
         "}  // namespace dash",
         "",

@@ -537,6 +537,9 @@ def test_forward_tile_config_invariants_are_enforced():
     for growth in (-1.0, 12.5, float("nan")):
         with pytest.raises(ValueError, match="rescale_max_growth_log2=.* is not supported \\(0 to 12\\)"):
             C.FwdTileConfig(128, True, 128, 128, 2, 2, 240, True, rescale_max_growth_log2=growth)
+    for mib in (0, -12, 1025):
+        with pytest.raises(ValueError, match=f"l2_section_mib={mib} is not supported \\(1 to 1024 MiB\\)"):
+            C.FwdTileConfig(128, True, 128, 128, 2, 2, 240, True, l2_section_mib=mib)
 
 def test_forward_kv_multicast_is_rendered_per_row(monkeypatch):
     import dataclasses
@@ -563,7 +566,7 @@ def test_check_table_rejects_bad_tables():
 
 
 _SPEC = re.compile(r"template <> struct BwdTileConfig<(\d+), (true|false)> \{(.*?)\};", re.S)
-_FIELD = re.compile(r"static constexpr (?:int|bool|float) (\w+) = ([\w.]+);")
+_FIELD = re.compile(r"static constexpr (?:int|bool|float|long long) (\w+) = ([\w.]+);")
 
 
 def _cpp(v) -> str:
@@ -622,6 +625,7 @@ def test_render_cpp_header_has_every_forward_config():
             "kKVMulticast": _cpp(cfg.kv_multicast),
             "kConditionalRescale": _cpp(cfg.rescale_max_growth_log2 is not None),
             "kRescaleMaxGrowthLog2": f"{float(cfg.rescale_max_growth_log2 or 0.0)!r}f",
+            "kL2SectionBytes": _cpp(cfg.l2_section_mib * 1024 * 1024),
         }
 
 

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from dash.config import FWD_L2_SECTION_BYTES, FWD_TILE_CONFIGS  # noqa: E402
+from dash.config import FWD_TILE_CONFIGS  # noqa: E402
 
 
 def tile_order(num_bh: int, num_m_blocks: int, section_heads: int) -> list[tuple[int, int]]:
@@ -68,21 +68,22 @@ def main() -> None:
     p.add_argument("--hdim", type=int, default=128, help="head dim (tiles from dash.config.FWD_TILE_CONFIGS)")
     p.add_argument("--causal", action="store_true", help="only causal rows (default: both masks)")
     p.add_argument("--section-heads", type=int, nargs="*", default=None,
-                   help="heads per L2 section (default: the kernel's rule, dash.config.FWD_L2_SECTION_BYTES)")
+                   help="heads per L2 section (default: the kernel's rule, FwdTileConfig.l2_section_mib of the row's tile)")
     p.add_argument("--ctas", type=int, default=132)
     p.add_argument("--tile-overhead", type=float, default=0.5, help="per-tile cost in KV blocks (prologue, epilogue)")
     args = p.parse_args()
-    tiles = {(c.head_dim, c.causal): (c.block_m, c.block_n) for c in FWD_TILE_CONFIGS}
+    tiles = {(c.head_dim, c.causal): c for c in FWD_TILE_CONFIGS}
     if (args.hdim, False) not in tiles:
         p.error(f"--hdim {args.hdim}: the forward has tiles for head dims {sorted({d for d, _ in tiles})}")
     for seqlen in args.seqlen:
         num_bh = (16384 // seqlen) * (2048 // args.hdim)
         kv_bytes = 2 * seqlen * args.hdim * 2
-        rule = 1
-        while 2 * rule <= num_bh and 2 * rule * kv_bytes <= FWD_L2_SECTION_BYTES:
-            rule *= 2
         for causal in ([True] if args.causal else [False, True]):
-            block_m, block_n = tiles[(args.hdim, causal)]
+            cfg = tiles[(args.hdim, causal)]
+            block_m, block_n = cfg.block_m, cfg.block_n
+            rule = 1  # fwd_section_heads (csrc/kernels/fwd_launch.h)
+            while 2 * rule <= num_bh and 2 * rule * kv_bytes <= cfg.l2_section_bytes:
+                rule *= 2
             num_m = -(-seqlen // block_m)
             for sw in args.section_heads or [rule]:
                 order = tile_order(num_bh, num_m, sw)

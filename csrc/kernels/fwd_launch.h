@@ -18,14 +18,15 @@
 namespace dash {
 
 // Heads per L2 section (FwdTileOrder): the largest power of two whose K and V (shared by
-// GQA siblings) take at most kFwdL2SectionBytes (dash/config.py), so that the sections the
-// grid is working on at once stay resident alongside the Q tiles and outputs streaming past.
-inline int fwd_section_heads(int seqlen_k, int head_dim, int elem_bytes, int heads_per_kv_head, int num_bh) {
-  constexpr int64_t kL2Budget = kFwdL2SectionBytes;
+// GQA siblings) take at most `l2_budget_bytes` (FwdTileConfig.l2_section_mib in dash/config.py,
+// per head dim and mask: small sections keep the K/V read at once resident in L2, large ones
+// balance a causal grid's tail; tools/fwd_tile_order_model.py).
+inline int fwd_section_heads(int64_t l2_budget_bytes, int seqlen_k, int head_dim, int elem_bytes,
+                             int heads_per_kv_head, int num_bh) {
   int64_t const kv_bytes_per_q_head =
       (2 * int64_t(seqlen_k) * head_dim * elem_bytes + heads_per_kv_head - 1) / heads_per_kv_head;
   int w = 1;
-  while (2 * w <= num_bh && 2 * w * kv_bytes_per_q_head <= kL2Budget) { w *= 2; }
+  while (2 * w <= num_bh && 2 * w * kv_bytes_per_q_head <= l2_budget_bytes) { w *= 2; }
   return w;
 }
 
@@ -101,7 +102,8 @@ typename Traits::MainParams make_fwd_main_params(FwdParams const& p, BSHDStrides
   mp.order.num_m_blocks = num_m_blocks / kClusterM;
   mp.order.num_bh = num_bh;
   mp.order.section_heads =
-      fwd_section_heads(p.seqlen_k, kHeadDim, int(sizeof(Element)), mp.heads_per_kv_head, num_bh);
+      fwd_section_heads(Traits::kL2SectionBytes, p.seqlen_k, kHeadDim, int(sizeof(Element)), mp.heads_per_kv_head,
+                        num_bh);
   mp.order.num_tiles = num_bh * mp.order.num_m_blocks;
   mp.tile_counter = p.tile_counter;
   return mp;

@@ -76,6 +76,7 @@ struct FwdTraits {
   static constexpr bool kWaitVInTurn = Config::kWaitVInTurn;
   static constexpr bool kConditionalRescale = Config::kConditionalRescale;
   static constexpr float kRescaleMaxGrowthLog2 = Config::kRescaleMaxGrowthLog2;
+  static constexpr long long kL2SectionBytes = Config::kL2SectionBytes;
   static constexpr int kClusterM = kClusterM_;
   static_assert(kClusterM == 1 || (kClusterM == 2 && !Is_causal),
                 "K/V multicast pairs Q tiles that walk the same KV blocks: full masks, clusters of 2");

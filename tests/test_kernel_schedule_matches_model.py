@@ -145,3 +145,44 @@ def test_kernel_masks_exactly_the_tiles_with_masked_pairs(probe, sq, sk, causal,
         for n in range(-(-sk // bn)):
             want = bool(hidden[m * bm:(m + 1) * bm, n * bn:(n + 1) * bn].any())
             assert probe.dash_needs_mask(sq, sk, bm, bn, int(causal), m, n) == int(want), (m, n)
+
+
+def _fwd_tile_order_model():
+    """tools/fwd_tile_order_model.py (a tool, not part of the package), loaded by path."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fwd_tile_order_model", ROOT / "tools" / "fwd_tile_order_model.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@settings(max_examples=200, deadline=None)
+@given(num_m=st.integers(1, 90), num_bh=st.integers(1, 70), log_sw=st.integers(0, 7))
+def test_forward_tile_order_is_the_models_and_claims_every_tile_once(probe, num_m, num_bh, log_sw):
+    """FwdTileOrder::tile (the kernel's claim order) against tools/fwd_tile_order_model.py's
+    tile_order: every Q tile exactly once, L2 sections in order, the longest tiles of a section first."""
+    sw = min(1 << log_sw, num_bh)
+    n = num_m * num_bh
+    bh, m = np.zeros(n, dtype=np.int32), np.zeros(n, dtype=np.int32)
+    assert probe.dash_fwd_tile_order(num_m, num_bh, sw, _ptr(bh), _ptr(m)) == n
+    got = list(zip(bh.tolist(), m.tolist()))
+    assert sorted(got) == [(h, q) for h in range(num_bh) for q in range(num_m)]
+    assert got == _fwd_tile_order_model().tile_order(num_bh, num_m, sw)
+
+
+@pytest.mark.parametrize("seqlen_k", [512, 1000, 4096, 16384])
+@pytest.mark.parametrize("hdim", [64, 128])
+@pytest.mark.parametrize("group", [1, 4])
+def test_forward_l2_sections_fit_the_budget(probe, seqlen_k, hdim, group):
+    """fwd_section_heads: the largest power of two of heads whose K/V (shared by a GQA group)
+    fit the budget, at most the heads there are, at least one."""
+    probe.dash_fwd_section_heads.argtypes = [ctypes.c_longlong] + [ctypes.c_int] * 5
+    for budget_mib in (1, 12, 32):
+        for num_bh in (1, 3, 16, 256):
+            w = probe.dash_fwd_section_heads(budget_mib << 20, seqlen_k, hdim, 2, group, num_bh)
+            per_head = -(-2 * seqlen_k * hdim * 2 // group)
+            assert w >= 1 and w & (w - 1) == 0 and w <= max(num_bh, 1)
+            if w > 1:
+                assert w * per_head <= budget_mib << 20
+            assert 2 * w > num_bh or 2 * w * per_head > budget_mib << 20

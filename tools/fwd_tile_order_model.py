@@ -1,5 +1,5 @@
 """How well the forward's persistent tile order balances the grid: a list-scheduling model of
-FwdTileOrder (csrc/kernels/fwd_traits.h) on a persistent grid, with a Q tile's cost taken as
+FwdTileOrder (csrc/schedule/fwd_tile_order.h) on a persistent grid, with a Q tile's cost taken as
 its KV blocks plus a fixed per-tile overhead.
 
     python tools/fwd_tile_order_model.py                      # the paper grid's hdim 128 rows
@@ -27,8 +27,8 @@ from dash.config import FWD_TILE_CONFIGS  # noqa: E402
 
 
 def tile_order(num_bh: int, num_m_blocks: int, section_heads: int) -> list[tuple[int, int]]:
-    """(bh, m) in claim order: sections of ``section_heads`` heads, descending m inside a
-    section, heads innermost (FwdTileOrder::tile)."""
+    """(bh, m) in claim order (FwdTileOrder::tile in csrc/schedule/fwd_tile_order.h): sections
+    of ``section_heads`` heads, descending m inside a section, heads innermost."""
     out = []
     for first in range(0, num_bh, section_heads):
         heads = range(first, min(num_bh, first + section_heads))

@@ -17,19 +17,6 @@
 
 namespace dash {
 
-// Heads per L2 section (FwdTileOrder): the largest power of two whose K and V (shared by
-// GQA siblings) take at most `l2_budget_bytes` (FwdTileConfig.l2_section_mib in dash/config.py,
-// per head dim and mask: small sections keep the K/V read at once resident in L2, large ones
-// balance a causal grid's tail; tools/fwd_tile_order_model.py).
-inline int fwd_section_heads(int64_t l2_budget_bytes, int seqlen_k, int head_dim, int elem_bytes,
-                             int heads_per_kv_head, int num_bh) {
-  int64_t const kv_bytes_per_q_head =
-      (2 * int64_t(seqlen_k) * head_dim * elem_bytes + heads_per_kv_head - 1) / heads_per_kv_head;
-  int w = 1;
-  while (2 * w <= num_bh && 2 * w * kv_bytes_per_q_head <= l2_budget_bytes) { w *= 2; }
-  return w;
-}
-
 // Clusters of `ctas` x 1 x 1 CTAs.
 inline cudaLaunchAttribute cluster_dim_attribute(int ctas) {
   cudaLaunchAttribute attr = {};

@@ -14,42 +14,12 @@
 #include "kernels/fwd_params.h"
 #include "kernels/mma_utils.h"
 #include "kernels/work_ring.h"
+#include "schedule/fwd_tile_order.h"  // FwdTileOrder
 #include "schedule/schedule.h"  // TileGeometryT
 
 namespace dash {
 
 using namespace cute;
-
-// The order in which the persistent CTAs claim Q tiles (CTA c starts with item c, then
-// claims the next unclaimed item from a global counter). Work item t is the Q tile
-// (bh, m): bh = batch * heads + head. Items are grouped in sections of `section_heads`
-// consecutive (b, h) pairs whose K and V fit in L2 together, so that the CTAs running at
-// one time share K/V reads instead of each streaming its own from HBM. Inside a section
-// Q tiles go by descending m (under a causal mask the longest tiles first, so that the
-// short ones fill the tail) with the heads innermost (GQA siblings share K/V). Claiming
-// instead of a static stride matters under a causal mask: with a stride of gridDim.x, a CTA
-// keeps landing on tiles of similar length (all long or all short) and the grid waits for
-// the unlucky ones (hdim 128 causal 16k ran at 0.71x cuDNN that way).
-struct FwdTileOrder {
-  int num_m_blocks = 0;
-  int num_bh = 0;
-  int section_heads = 1;
-  int num_tiles = 0;
-
-  struct Tile {
-    int bh, m;
-  };
-
-  __host__ __device__ __forceinline__ Tile tile(int t) const {
-    int const per_section = section_heads * num_m_blocks;
-    int const s = t / per_section;
-    int const r = t - s * per_section;
-    int const first_bh = s * section_heads;
-    int const heads_here = num_bh - first_bh < section_heads ? num_bh - first_bh : section_heads;
-    int const m_rank = r / heads_here;
-    return {first_bh + (r - m_rank * heads_here), num_m_blocks - 1 - m_rank};
-  }
-};
 
 // kClusterM_ = 2: the kernel runs in clusters of two CTAs that work on adjacent Q tiles of one
 // head (tiles 2p and 2p + 1 of the pair order) and load every K and V block once for both:

@@ -1,6 +1,7 @@
-// Host build of csrc/schedule/schedule.h for tests/test_kernel_schedule_matches_model.py:
+// Host build of csrc/schedule/schedule.h (and the forward's fwd_tile_order.h) for tests/test_kernel_schedule_matches_model.py:
 // exposes the kernel's schedule numbers through a C ABI so the Python scheduling model
 // (the specification) can be compared with what the kernel computes.
+#include "schedule/fwd_tile_order.h"
 #include "schedule/schedule.h"
 
 namespace {
@@ -70,6 +71,26 @@ int dash_l2_section_heads(int seqlen_q, int head_dim, int batch_heads) {
 // needs_mask(m, n) of the kernel, for the mask test.
 int dash_needs_mask(int seqlen_q, int seqlen_k, int block_m, int block_n, int causal, int m, int n) {
   return make_geometry(seqlen_q, seqlen_k, block_m, block_n, causal).needs_mask(m, n) ? 1 : 0;
+}
+
+// The forward's claim order: bh[t], m[t] of every work item t; returns the item count.
+int dash_fwd_tile_order(int num_m_blocks, int num_bh, int section_heads, int* bh, int* m) {
+  dash::FwdTileOrder order;
+  order.num_m_blocks = num_m_blocks;
+  order.num_bh = num_bh;
+  order.section_heads = section_heads;
+  order.num_tiles = num_bh * num_m_blocks;
+  for (int t = 0; t < order.num_tiles; ++t) {
+    dash::FwdTileOrder::Tile const tile = order.tile(t);
+    bh[t] = tile.bh;
+    m[t] = tile.m;
+  }
+  return order.num_tiles;
+}
+
+int dash_fwd_section_heads(long long l2_budget_bytes, int seqlen_k, int head_dim, int elem_bytes, int heads_per_kv_head,
+                           int num_bh) {
+  return dash::fwd_section_heads(l2_budget_bytes, seqlen_k, head_dim, elem_bytes, heads_per_kv_head, num_bh);
 }
 
 }  // extern "C"

@@ -37,6 +37,17 @@ def tile_order(num_bh: int, num_m_blocks: int, section_heads: int) -> list[tuple
     return out
 
 
+def section_heads(l2_budget_bytes: int, seqlen_k: int, head_dim: int, num_bh: int, elem_bytes: int = 2,
+                  heads_per_kv_head: int = 1) -> int:
+    """Heads per L2 section, the kernel's rule (fwd_section_heads in csrc/schedule/fwd_tile_order.h):
+    the largest power of two, at most num_bh, whose K and V (shared by GQA siblings) fit the budget."""
+    kv_bytes_per_q_head = -(-2 * seqlen_k * head_dim * elem_bytes // heads_per_kv_head)
+    w = 1
+    while 2 * w <= num_bh and 2 * w * kv_bytes_per_q_head <= l2_budget_bytes:
+        w *= 2
+    return w
+
+
 def makespan(costs: list[float], ctas: int, claim_at_start: bool) -> float:
     """Finish time of the last CTA when ``ctas`` CTAs take the items of ``costs`` in order."""
     nxt, finish, reserved = 0, [], {}
@@ -77,13 +88,10 @@ def main() -> None:
         p.error(f"--hdim {args.hdim}: the forward has tiles for head dims {sorted({d for d, _ in tiles})}")
     for seqlen in args.seqlen:
         num_bh = (16384 // seqlen) * (2048 // args.hdim)
-        kv_bytes = 2 * seqlen * args.hdim * 2
         for causal in ([True] if args.causal else [False, True]):
             cfg = tiles[(args.hdim, causal)]
             block_m, block_n = cfg.block_m, cfg.block_n
-            rule = 1  # fwd_section_heads (csrc/kernels/fwd_launch.h)
-            while 2 * rule <= num_bh and 2 * rule * kv_bytes <= cfg.l2_section_bytes:
-                rule *= 2
+            rule = section_heads(cfg.l2_section_bytes, seqlen, args.hdim, num_bh)
             num_m = -(-seqlen // block_m)
             for sw in args.section_heads or [rule]:
                 order = tile_order(num_bh, num_m, sw)

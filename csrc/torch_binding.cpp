@@ -368,12 +368,80 @@ std::tuple<Tensor, Tensor> fwd_cuda(Tensor const& q, Tensor const& k, Tensor con
   return {out, lse};
 }
 
+// The varlen forward (FA3's flash_attn_varlen_func): q (total_q, heads, d) and k, v (total_k,
+// heads_k, d) hold the sequences packed along the rows, sequence b at rows [cu_seqlens_q[b],
+// cu_seqlens_q[b + 1]) of q and [cu_seqlens_k[b], cu_seqlens_k[b + 1]) of k and v (int32, on
+// q's device, batch + 1 entries). max_seqlen_q / max_seqlen_k: the longest sequence's lengths
+// (they size the grid; a sequence longer than max_seqlen_q gets NaN in its rows past it, see
+// FwdParams). Returns out (total_q, heads, d), contiguous, and softmax_lse (heads, total_q)
+// float32, FA3's varlen layout. The entries of cu_seqlens are not read on the host (that would
+// synchronise): the Python layer checks them when they are on the CPU.
+std::tuple<Tensor, Tensor> fwd_varlen_cuda(Tensor const& q, Tensor const& k, Tensor const& v,
+                                           Tensor const& cu_seqlens_q, Tensor const& cu_seqlens_k,
+                                           int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale,
+                                           bool causal, int64_t sm_margin) {
+  char const* op = "dash.fwd_varlen";
+  for (auto const& [name, t] : {std::pair<char const*, Tensor const*>{"q", &q}, {"k", &k}, {"v", &v}}) {
+    TORCH_CHECK(t->dim() == 3, op, ": ", name, " must have 3 dims (total_tokens, heads, head_dim), got ", t->dim());
+  }
+  for (auto const& [name, t] :
+       {std::pair<char const*, Tensor const*>{"cu_seqlens_q", &cu_seqlens_q}, {"cu_seqlens_k", &cu_seqlens_k}}) {
+    TORCH_CHECK(t->scalar_type() == at::kInt, op, ": ", name, " must be int32, got ", t->scalar_type());
+    TORCH_CHECK(t->dim() == 1 && t->size(0) >= 2, op, ": ", name,
+                " must be 1-D with batch + 1 >= 2 entries, got shape ", t->sizes());
+    TORCH_CHECK(t->device() == q.device(), op, ": ", name, " is on ", t->device(), " but q on ", q.device());
+    TORCH_CHECK(t->is_contiguous(), op, ": ", name, " must be contiguous");
+  }
+  TORCH_CHECK(cu_seqlens_q.size(0) == cu_seqlens_k.size(0), op, ": cu_seqlens_q has ", cu_seqlens_q.size(0),
+              " entries and cu_seqlens_k ", cu_seqlens_k.size(0), "; both must be batch + 1");
+  TORCH_CHECK(max_seqlen_q >= 1 && max_seqlen_q < (1 << 30) && max_seqlen_k >= 1 && max_seqlen_k < (1 << 30), op,
+              ": max_seqlen_q=", max_seqlen_q, " and max_seqlen_k=", max_seqlen_k, " must each be in [1, 2^30)");
+  TORCH_CHECK(q.size(0) < (int64_t(1) << 31) && k.size(0) < (int64_t(1) << 31), op, ": total_q=", q.size(0),
+              " and total_k=", k.size(0), " must each be below 2^31");
+  std::string const label = "hd" + std::to_string(q.size(2)) + (q.scalar_type() == at::kHalf ? " fp16" : " bf16") +
+                            (causal ? " causal" : " full") + " varlen b" + std::to_string(cu_seqlens_q.size(0) - 1) +
+                            " h" + std::to_string(q.size(1)) + " maxsq" + std::to_string(max_seqlen_q) + " maxsk" +
+                            std::to_string(max_seqlen_k);
+  NvtxRange range("dash.fwd_varlen " + label);
+  c10::cuda::CUDAGuard device_guard(q.device());
+  // The packed tensors as one batch of total rows: the checks of the padded forward apply.
+  Problem const pr = check_problem(op, q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), sm_margin);
+  dash::FwdParams p;
+  pr.fill(p, q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0));
+  p.batch = int(cu_seqlens_q.size(0) - 1);
+  p.seqlen_q = int(max_seqlen_q);
+  p.seqlen_k = int(max_seqlen_k);
+  p.total_q = int(q.size(0));
+  p.total_k = int(k.size(0));
+  p.cu_seqlens_q = cu_seqlens_q.data_ptr<int>();
+  p.cu_seqlens_k = cu_seqlens_k.data_ptr<int>();
+
+  Tensor out = at::empty_like(q, at::MemoryFormat::Contiguous);
+  Tensor lse = at::empty({q.size(1), q.size(0)}, q.options().dtype(at::kFloat));
+  Tensor tile_counter = at::empty({1}, q.options().dtype(at::kInt));  // zeroed by run_fwd on the stream
+  p.tile_counter = tile_counter.data_ptr<int>();
+  p.out = out.data_ptr();
+  p.out_strides = bshd_strides(out.unsqueeze(0));
+  p.lse = lse.data_ptr<float>();
+  p.softmax_scale = float(softmax_scale);
+  p.causal = causal;
+
+  poison_outputs_if_requested({&out, &lse});
+  call_library([&] { dash::run_fwd(p, at::cuda::getCurrentCUDAStream()); });
+  return {out, lse};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(dash, m) {
   m.def(
       "fwd(Tensor q, Tensor k, Tensor v, float softmax_scale, bool causal, bool deterministic, str schedule, "
       "int sm_margin) -> (Tensor out, Tensor softmax_lse)");
+  // The variable-length forward (no autograd: DASH has no varlen backward yet; the Python layer
+  // refuses calls that would need one).
+  m.def(
+      "fwd_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, "
+      "int max_seqlen_k, float softmax_scale, bool causal, int sm_margin) -> (Tensor out, Tensor softmax_lse)");
   m.def(
       "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, float softmax_scale, "
       "bool causal, bool deterministic, str schedule, int sm_margin) -> (Tensor dq, Tensor dk, Tensor dv)");
@@ -386,6 +454,7 @@ TORCH_LIBRARY_FRAGMENT(dash, m) {
 
 TORCH_LIBRARY_IMPL(dash, CUDA, m) {
   m.impl("fwd", &fwd_cuda);
+  m.impl("fwd_varlen", &fwd_varlen_cuda);
   m.impl("bwd", &bwd_cuda);
   m.impl("bwd_trace", &bwd_trace_cuda);
 }

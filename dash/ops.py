@@ -10,6 +10,9 @@ Ops (registered with ``torch.library`` so ``torch.compile`` traces them):
   ``dash::bwd`` through the dispatcher, so torch.compile traces both ops. The LSE output
   gets no gradient, as in FA3: a gradient arriving at it is ignored (see
   ``dash.api.flash_attn_func``).
+* ``dash::fwd_varlen`` -- the same forward on variable-length sequences packed along the
+  rows (FA3's ``flash_attn_varlen_func``): out (total_q, heads, head_dim) and lse (heads,
+  total_q). No autograd: there is no varlen backward yet (``dash.api`` refuses such calls).
 * ``dash::bwd``  -- DASH's Hopper backward (C++/CUDA, registered by ``dash._C``),
   deterministic or not; ``dash::bwd_trace`` is the same with the kernel's step trace. This
   module gives both their fake (meta) implementations.
@@ -159,6 +162,13 @@ if _ext.kernels_available():  # the C++ schemas exist only when dash._C loaded
     # (csrc/autograd.cpp): a Python one cost more host time per call than the kernels.
     torch.library.register_fake("dash::fwd")(_fwd_fake)
 
+    @torch.library.register_fake("dash::fwd_varlen")
+    def _fwd_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                         sm_margin):
+        return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty(
+            (q.shape[1], q.shape[0]), dtype=torch.float32
+        )
+
     @torch.library.register_fake("dash::bwd")
     def _bwd_fake(dout, q, k, v, out, softmax_lse, softmax_scale, causal, deterministic, schedule, sm_margin):
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
@@ -196,6 +206,15 @@ def run_forward(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: b
     kernel_schedule = forward_kernel_schedule(schedule, q, k, v, causal, deterministic, sm_margin)
     # The autograd registered on dash::fwd in C++ is the user path's autograd node.
     return torch.ops.dash.fwd(q, k, v, float(softmax_scale), causal, deterministic, kernel_schedule, int(sm_margin))
+
+
+def run_forward_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+                       max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool,
+                       sm_margin: int) -> tuple[Tensor, Tensor]:
+    """``dash::fwd_varlen`` on validated inputs (no autograd: there is no varlen backward yet);
+    returns out (total_q, heads, head_dim) and softmax_lse (heads, total_q)."""
+    return torch.ops.dash.fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                     float(softmax_scale), bool(causal), int(sm_margin))
 
 
 def run_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softmax_lse: Tensor,

@@ -346,6 +346,46 @@ def attention_forward(
     return out, lse
 
 
+def attention_forward_varlen(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_seqlens_q: Sequence[int],
+    cu_seqlens_k: Sequence[int],
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    compute_dtype: torch.dtype = torch.float32,
+) -> Tuple[Tensor, Tensor]:
+    """Reference forward of a variable-length batch (FA3's varlen layout).
+
+    ``q``: ``(total_q, Hq, D)``, ``k`` / ``v``: ``(total_k, Hk, D)``, sequence ``b`` being rows
+    ``cu_seqlens_q[b]:cu_seqlens_q[b+1]`` of q and ``cu_seqlens_k[b]:cu_seqlens_k[b+1]`` of k and
+    v (offsets from 0 to the row counts, non-decreasing). Each sequence is attended alone by
+    :func:`attention_forward` (the causal mask aligned to its own bottom-right corner).
+
+    Returns ``(out, lse)``: ``out`` ``(total_q, Hq, D)`` in ``compute_dtype``, ``lse``
+    ``(Hq, total_q)``; rows of a sequence without keys have ``out = 0`` and ``lse = -inf``.
+    """
+    cq, ck = [int(x) for x in cu_seqlens_q], [int(x) for x in cu_seqlens_k]
+    if len(cq) != len(ck) or len(cq) < 2 or cq[0] != 0 or ck[0] != 0 or cq[-1] != q.shape[0] \
+            or ck[-1] != k.shape[0] or any(b < a for a, b in zip(cq, cq[1:])) or any(b < a for a, b in zip(ck, ck[1:])):
+        raise ValueError(f"cu_seqlens_q={cq} / cu_seqlens_k={ck} must be non-decreasing offsets from 0 to the "
+                         f"rows of q ({q.shape[0]}) and k ({k.shape[0]}), of one length")
+    scale = _resolve_scale(softmax_scale, q.shape[-1])
+    stats = torch.float64 if compute_dtype == torch.float64 else torch.float32
+    out = torch.zeros(q.shape[0], q.shape[1], v.shape[-1], dtype=compute_dtype, device=q.device)
+    lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), dtype=stats, device=q.device)
+    for b in range(len(cq) - 1):
+        (q0, q1), (k0, k1) = (cq[b], cq[b + 1]), (ck[b], ck[b + 1])
+        if q1 == q0 or k1 == k0:
+            continue  # no rows, or rows without keys (out 0, lse -inf)
+        o, l = attention_forward(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], scale, causal=causal,
+                                 compute_dtype=compute_dtype)
+        out[q0:q1] = o[0]
+        lse[:, q0:q1] = l[0]
+    return out, lse
+
+
 # --------------------------------------------------------------------------- backward
 
 

@@ -17,7 +17,8 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
-from dash.ops import forward_kernel_schedule, resolve_deterministic, run_backward, run_forward, run_forward_varlen
+from dash.ops import (forward_kernel_schedule, resolve_deterministic, run_backward, run_forward,
+                      run_forward_varlen, varlen_kernel_schedule)
 from dash.validation import (
     TMA_ALIGN_BYTES,
     backward_will_run,
@@ -230,8 +231,8 @@ def flash_attn_varlen_func(
     return_attn_probs: bool = False,
     schedule: str = "auto",
 ):
-    """FA3's variable-length attention (same arguments and order as FA3's, ``schedule`` last):
-    the forward only, on DASH's Hopper forward kernel.
+    """FA3's variable-length attention (same arguments and order as FA3's, ``schedule`` last),
+    forward and backward on DASH's Hopper kernels.
 
     q: (total_q, heads, head_dim) and k, v: (total_k, heads_kv, head_dim) hold the batch's
     sequences packed along the rows: sequence b is rows ``cu_seqlens_q[b]:cu_seqlens_q[b+1]`` of
@@ -244,36 +245,30 @@ def flash_attn_varlen_func(
     A sequence longer than ``max_seqlen_q`` comes out NaN in its rows past that length (out
     and softmax_lse), never as unwritten memory.
 
-    There is no varlen backward yet: with grad mode on and q, k or v requiring grad this
-    raises NotImplementedError (run it under ``torch.no_grad()``, or pad the sequences to a
-    batch and use ``flash_attn_func``, whose backward is DASH's). ``deterministic`` and
-    ``schedule`` are validated and otherwise unused (a forward is deterministic);
-    seqused_q / seqused_k, qv, FP8 descales, attention_chunk, softcap, sliding windows and
-    num_splits > 1 raise NotImplementedError.
+    deterministic, schedule: as in ``flash_attn_func``, for the backward; the varlen backward
+    runs the claimed schedules (``fa3``, ``interleaved``, ``descending``; "auto" picks among
+    them with the longest lengths), not ``shift``. seqused_q / seqused_k, qv, FP8 descales,
+    attention_chunk, softcap, sliding windows and num_splits > 1 raise NotImplementedError.
 
     Returns out (total_q, heads, head_dim), or (out, softmax_lse) with return_attn_probs=True;
     softmax_lse is float32 (heads, total_q), FA3's varlen layout (natural log; -inf for rows
-    that see no key, whose out is 0)."""
+    that see no key, whose out is 0). As in flash_attn_func, no gradient flows through it."""
     reject_unsupported_fa3_arguments(seqused_q=seqused_q, seqused_k=seqused_k, qv=qv, q_descale=q_descale,
                                      k_descale=k_descale, v_descale=v_descale, attention_chunk=attention_chunk,
                                      num_splits=num_splits, softcap=softcap)
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        check_tensor(name, t)
-    # First, whatever else is wrong: it is the limit a training loop hits, and no fix of the
-    # other arguments gets past it.
-    if backward_will_run(q, k, v):
-        raise NotImplementedError(
-            "flash_attn_varlen_func: DASH has no variable-length backward yet, and q, k or v requires grad with "
-            "grad mode on. Call it under torch.no_grad() (inference), or pad the sequences to a batch and use "
-            "flash_attn_func (its backward is DASH's deterministic one)"
-        )
+    flag = torch.are_deterministic_algorithms_enabled()
     q, k, v = contiguous_last_dim(q), contiguous_last_dim(k), contiguous_last_dim(v)
     is_causal = validate_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                        softmax_scale=softmax_scale, causal=causal, window_size=window_size,
                                        softcap=softcap, sm_margin=sm_margin, schedule=schedule,
                                        deterministic=deterministic)
+    needs_grad = backward_will_run(q, k, v)
+    det = resolve_deterministic(deterministic, needs_grad, flag)
+    kernel_schedule = varlen_kernel_schedule(schedule, cu_seqlens_q.shape[0] - 1, q.shape[1], k.shape[1],
+                                             int(max_seqlen_q), int(max_seqlen_k), q.shape[2], is_causal, det,
+                                             needs_grad)
     cu_seqlens_q, cu_seqlens_k = (cu.to(q.device, non_blocking=True) for cu in (cu_seqlens_q, cu_seqlens_k))
     scale = float(softmax_scale) if softmax_scale is not None else q.shape[-1] ** -0.5
     out, lse = run_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), scale,
-                                  is_causal, int(sm_margin))
+                                  is_causal, det, kernel_schedule, int(sm_margin))
     return (out, lse) if return_attn_probs else out

@@ -486,6 +486,40 @@ def attention_backward(
 # --------------------------------------------------------------------------- error rule
 
 
+def attention_backward_varlen(
+    dout: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    cu_seqlens_q: Sequence[int],
+    cu_seqlens_k: Sequence[int],
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    compute_dtype: torch.dtype = torch.float32,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """Reference backward of a variable-length batch (the layout of
+    :func:`attention_forward_varlen`): each sequence by :func:`attention_backward`.
+
+    ``dout``, ``out``: ``(total_q, Hq, Dv)``; ``lse``: ``(Hq, total_q)``. Returns ``(dq, dk,
+    dv)`` packed like ``q``, ``k``, ``v``; rows of a sequence without queries or keys get 0.
+    """
+    cq, ck = [int(x) for x in cu_seqlens_q], [int(x) for x in cu_seqlens_k]
+    dq = torch.zeros(q.shape, dtype=compute_dtype, device=q.device)
+    dk = torch.zeros(k.shape, dtype=compute_dtype, device=k.device)
+    dv = torch.zeros(v.shape, dtype=compute_dtype, device=v.device)
+    scale = _resolve_scale(softmax_scale, q.shape[-1])
+    for b in range(len(cq) - 1):
+        (q0, q1), (k0, k1) = (cq[b], cq[b + 1]), (ck[b], ck[b + 1])
+        if q1 == q0 or k1 == k0:
+            continue  # nothing attends: every gradient of the sequence is 0
+        g = attention_backward(dout[None, q0:q1], q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], out[None, q0:q1],
+                               lse[None, :, q0:q1], scale, causal=causal, compute_dtype=compute_dtype)
+        dq[q0:q1], dk[k0:k1], dv[k0:k1] = g[0][0], g[1][0], g[2][0]
+    return dq, dk, dv
+
+
 def default_floor(ref_high: Tensor, low_dtype: torch.dtype) -> float:
     """Default absolute floor of :func:`error_bound`: ``eps(low_dtype) * max|ref_high|``.
 

@@ -33,6 +33,9 @@ SCHEDULE_NAMES: tuple[str, ...] = ("auto",) + MODEL_SCHEDULE_NAMES
 TENSOR_DTYPES: tuple[torch.dtype, ...] = tuple(getattr(torch, name) for name in SUPPORTED_DTYPES)
 #: The kernels' TMA loads need 16-byte aligned base pointers and strides.
 TMA_ALIGN_BYTES = 16
+#: The kernel schedules built for variable-length batches (flash_attn_varlen_func): the claimed
+#: ones (csrc/schedule/schedule.h); shift's static waves assume heads of equal length.
+VARLEN_KERNEL_SCHEDULES: tuple[str, ...] = tuple(n for n in KERNEL_SCHEDULES if n != "shift")
 #: Largest batch and number of query heads the backward runs: its pre/post-process grids are
 #: (Q tiles, heads, batch), and CUDA limits a grid's y and z dimensions to 65535.
 BWD_MAX_BATCH_HEADS = 65535
@@ -414,7 +417,7 @@ def _validate_inputs(q: Tensor, k: Tensor, v: Tensor, *, softmax_scale, causal, 
 
 def validate_varlen_inputs(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: object, cu_seqlens_k: object,
                            max_seqlen_q: object, max_seqlen_k: object, *, softmax_scale, causal, window_size, softcap,
-                           sm_margin, schedule, deterministic) -> bool:
+                           sm_margin, schedule, deterministic, backward: Optional[bool] = None) -> bool:
     """validate_inputs for ``flash_attn_varlen_func``: q (total_q, H, D), k and v (total_k, Hk, D)
     hold the sequences packed along the rows; ``cu_seqlens_q`` / ``cu_seqlens_k`` are int32
     tensors of batch + 1 offsets (sequence b is rows cu[b]:cu[b+1]); ``max_seqlen_q`` /
@@ -465,13 +468,23 @@ def validate_varlen_inputs(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: object
             raise ValueError(f"{name} is on {cu.device} but q is on {q.device}; put it on q's device (or the CPU)")
     check_bool("causal", causal)
     is_causal = effective_causal(window_size, causal, max_seqlen_q, max_seqlen_k)
-    # The schedule is only a name here: it would choose the backward's order, and there is none.
     if not isinstance(schedule, str) or schedule not in SCHEDULE_NAMES:
         raise ValueError(f"schedule={schedule!r} is unknown; choose one of {', '.join(SCHEDULE_NAMES)}")
-    # The padded forward's checks, on the packed tensors as one batch of total rows.
+    if schedule not in VARLEN_KERNEL_SCHEDULES + ("auto",):
+        raise NotImplementedError(
+            f"schedule={schedule!r} is not built for variable-length batches; use one of "
+            f"{', '.join(VARLEN_KERNEL_SCHEDULES)} or auto")
+    if backward is None:  # flash_attn_varlen_func: whether its autograd will record a backward
+        backward = backward_will_run(q, k, v)
+    if backward and batch > BWD_MAX_BATCH_HEADS:
+        raise NotImplementedError(
+            f"{batch} sequences are not supported by the backward yet: at most {BWD_MAX_BATCH_HEADS} (a CUDA grid "
+            "dimension of its pre/post-processing); split the batch into calls of at most that many")
+    # The padded forward's checks, on the packed tensors as one batch of total rows (heads and
+    # the backward's head limit included).
     validate_for_launch(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), softmax_scale=softmax_scale,
                         causal=is_causal, softcap=softcap, sm_margin=sm_margin, deterministic=deterministic,
-                        backward=False)
+                        backward=backward)
     return is_causal
 
 

@@ -1,6 +1,7 @@
 """flash_attn_varlen_func on the CPU: FA3's signature, the validation of its arguments (each
-error names the argument, the value and what is supported), what reaches the op, and the
-varlen reference against the padded one. Nothing here launches a kernel; the kernel's own
+error names the argument, the value and what is supported), what reaches the op (the
+backward's schedule and determinism included), and the varlen reference against the padded
+one. Nothing here launches a kernel; the kernel's own
 tests are in tests/test_fwd_varlen_gpu.py.
 """
 
@@ -82,19 +83,54 @@ def test_window_that_is_the_causal_mask(cpu_as_sm90):
         flash_attn_varlen_func(q, k, v, cu_q, cu_k, mq, mk, window_size=(3, 0))
 
 
-def test_backward_refused_first(cpu_as_sm90):
+def test_no_backward_no_schedule(cpu_as_sm90):
+    """Without a backward the schedule is never used: "auto" stays unresolved ("fa3")."""
+    flash_attn_varlen_func(*_packed(), causal=True)
+    assert cpu_as_sm90[0]["schedule"] == "fa3" and cpu_as_sm90[0]["deterministic"] is False
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_auto_schedule_of_a_varlen_backward_is_a_claimed_one(cpu_as_sm90, causal, deterministic):
+    """With a backward, "auto" resolves on the longest lengths to a schedule built for varlen
+    batches (never shift, whose static waves assume equal heads)."""
+    for lengths in ([5, 0, 17], [3000, 100, 4100]):
+        q, k, v, cu_q, cu_k, mq, mk = _packed(lengths_q=lengths, heads=2, head_dim=128)
+        q.requires_grad_(True)
+        flash_attn_varlen_func(q, k, v, cu_q, cu_k, mq, mk, causal=causal, deterministic=deterministic)
+    assert [c["deterministic"] for c in cpu_as_sm90] == [deterministic] * 2
+    for call in cpu_as_sm90:
+        assert call["schedule"] in ("fa3", "interleaved", "descending"), call["schedule"]
+
+
+def test_deterministic_follows_the_global_flag(cpu_as_sm90):
     q, k, v, cu_q, cu_k, mq, mk = _packed()
     q.requires_grad_(True)
-    with pytest.raises(NotImplementedError) as e:
+    previous = torch.are_deterministic_algorithms_enabled()
+    try:
+        torch.use_deterministic_algorithms(True)
         flash_attn_varlen_func(q, k, v, cu_q, cu_k, mq, mk)
-    msg = str(e.value)
-    assert "no variable-length backward yet" in msg and "torch.no_grad()" in msg and "flash_attn_func" in msg
-    # Even with another argument wrong: the backward is the limit no fix gets past.
-    with pytest.raises(NotImplementedError, match="no variable-length backward yet"):
-        flash_attn_varlen_func(q, k, v, cu_q, cu_k, 0, mk)
-    with torch.no_grad():
-        flash_attn_varlen_func(q, k, v, cu_q, cu_k, mq, mk)
-    assert len(cpu_as_sm90) == 1
+        with pytest.raises(RuntimeError, match="does not have a deterministic implementation"):
+            flash_attn_varlen_func(q, k, v, cu_q, cu_k, mq, mk, deterministic=False)
+    finally:
+        torch.use_deterministic_algorithms(previous)
+    assert cpu_as_sm90[0]["deterministic"] is True
+
+
+@pytest.mark.parametrize("schedule", ["fa3", "interleaved", "descending"])
+def test_named_schedules_reach_the_op(cpu_as_sm90, schedule):
+    q, k, v, cu_q, cu_k, mq, mk = _packed()
+    q.requires_grad_(True)
+    flash_attn_varlen_func(q, k, v, cu_q, cu_k, mq, mk, deterministic=True, schedule=schedule)
+    assert cpu_as_sm90[0]["schedule"] == schedule
+
+
+def test_shift_is_not_built_for_varlen(cpu_as_sm90):
+    q, k, v, cu_q, cu_k, mq, mk = _packed()
+    with pytest.raises(NotImplementedError, match=r"schedule='shift' is not built for variable-length batches; use "
+                                                  r"one of fa3, interleaved, descending or auto"):
+        flash_attn_varlen_func(q, k, v, cu_q, cu_k, mq, mk, schedule="shift")
+    assert cpu_as_sm90 == []
 
 
 @pytest.mark.parametrize("name", ["seqused_q", "seqused_k", "qv", "q_descale", "k_descale", "v_descale"])

@@ -87,6 +87,15 @@ struct BwdParams {
   float* dq_accum = nullptr;      // (chains, batch, heads, num_m_blocks, kBlockM * head_dim), MMA fragment order
   int* dq_semaphore = nullptr;    // (chains, batch, heads, num_m_blocks)
   int* counters = nullptr;        // kNumCounters ints, zeroed by the preprocess kernel
+
+  // Variable-length batch (FwdParams' layout), when cu_seqlens_q is set: q, dout, out and dq
+  // hold total_q rows, k, v, dk, dv (and the GQA accumulators) total_k, their batch strides
+  // unused; lse is (heads, total_q) (lse_head_stride = total_q). `batch` counts the sequences,
+  // seqlen_q / seqlen_k are the longest ones (the padded grids and the workspace are sized by
+  // them). Claimed schedules only, no trace.
+  int const* cu_seqlens_q = nullptr;
+  int const* cu_seqlens_k = nullptr;
+  int total_q = 0, total_k = 0;
 };
 
 // Counters of the workspace: columns claimed by the persistent CTAs, trace records written,

@@ -45,7 +45,32 @@ struct PrepostParams {
   // Convert: launched under the main kernel, waiting per tile on dq_semaphore (deterministic;
   // the main kernel's writers count the adds there). False: waits for the main grid.
   bool wait_per_tile;
+  // Traits::kVarlen: the sequences' first rows (kernels/varlen.h); seqlen_q / seqlen_k are then
+  // the longest sequence's, the grid the padded one, and out, dout, dq and lse ((heads,
+  // total_q), lse_head_stride = total_q) are addressed from the sequence's first row.
+  int const* cu_seqlens_q;
+  int const* cu_seqlens_k;
 };
+
+// The first row of batch entry b of a (b, s, h, d) tensor, relative to its head's: b * batch
+// stride, or varlen the sequence's first row times the row stride.
+template <class Traits>
+__device__ __forceinline__ int64_t batch_rows_offset(BSHDStrides const& st, int b, SeqPlace const& seq) {
+  return Traits::kVarlen ? int64_t(seq.row_q) * st.row : int64_t(b) * st.batch;
+}
+
+// The lengths (and varlen place) of batch entry b: the problem's, or its sequence's.
+template <class Traits>
+__device__ __forceinline__ SeqPlace prepost_seq(PrepostParams const& p, int b) {
+  if constexpr (Traits::kVarlen) {
+    return load_seq_place(p.cu_seqlens_q, p.cu_seqlens_k, b);
+  } else {
+    SeqPlace s;
+    s.seqlen_q = p.seqlen_q;
+    s.seqlen_k = p.seqlen_k;
+    return s;
+  }
+}
 
 template <class Traits>
 __global__ void __launch_bounds__(kPreprocessThreads)
@@ -61,15 +86,19 @@ __global__ void __launch_bounds__(kPreprocessThreads)
   int const m = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   int const tid = threadIdx.x;
   int64_t const bh = int64_t(b) * p.num_heads + h;
+  SeqPlace const seq = prepost_seq<Traits>(p, b);
+  int const seqlen_q = seq.seqlen_q;
 
-  Element const* o = static_cast<Element const*>(p.out) + b * p.out_strides.batch + h * p.out_strides.head;
-  Element const* dout = static_cast<Element const*>(p.dout) + b * p.dout_strides.batch + h * p.dout_strides.head;
+  Element const* o = static_cast<Element const*>(p.out) + batch_rows_offset<Traits>(p.out_strides, b, seq) +
+                     h * p.out_strides.head;
+  Element const* dout = static_cast<Element const*>(p.dout) + batch_rows_offset<Traits>(p.dout_strides, b, seq) +
+                        h * p.dout_strides.head;
   int const col = (tid % kThreadsPerRow) * kVec;
   CUTLASS_PRAGMA_UNROLL
   for (int r0 = 0; r0 < kBlockM; r0 += kRowsPerPass) {
     int const row = m * kBlockM + r0 + tid / kThreadsPerRow;
     float acc = 0.f;
-    if (row < p.seqlen_q) {
+    if (row < seqlen_q) {
       cutlass::Array<Element, kVec> ov = *reinterpret_cast<cutlass::Array<Element, kVec> const*>(o + row * p.out_strides.row + col);
       cutlass::Array<Element, kVec> dov = *reinterpret_cast<cutlass::Array<Element, kVec> const*>(dout + row * p.dout_strides.row + col);
       CUTLASS_PRAGMA_UNROLL
@@ -82,9 +111,10 @@ __global__ void __launch_bounds__(kPreprocessThreads)
 
   for (int i = tid; i < kBlockM; i += kPreprocessThreads) {
     int const row = m * kBlockM + i;
-    float lse_log2 = INFINITY;  // padding rows: P = exp2(s - inf) = 0
-    if (row < p.seqlen_q) {
-      float const lse = p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + row];
+    float lse_log2 = INFINITY;  // padding rows (and varlen rows past the sequence): P = exp2(s - inf) = 0
+    if (row < seqlen_q) {
+      float const lse = p.lse[(Traits::kVarlen ? int64_t(seq.row_q) : int64_t(b) * p.lse_batch_stride) +
+                              h * p.lse_head_stride + row];
       lse_log2 = lse == -INFINITY ? 0.f : lse * float(M_LOG2E);
     }
     p.lse_log2[bh * p.stats_bh_stride + row] = lse_log2;
@@ -111,19 +141,22 @@ __global__ void __launch_bounds__(Traits::NumMmaThreads)
   int const tid = threadIdx.x;  // plays MMA thread `tid` of the main kernel
   int const wg = tid / 128, wg_tidx = tid % 128;
   int64_t const bh = int64_t(b) * p.num_heads + h;
+  SeqPlace const seq = prepost_seq<Traits>(p, b);
+  // The tile's contributions: the columns [0, n_end(m)) of its sequence (schedule.h); none
+  // for a varlen tile past its sequence's rows (no column visits it).
+  auto const contributions = [&] {
+    TileGeometryT<StaticBlocks<kBlockM, Traits::kBlockN>> geo;
+    geo.seqlen_q = seq.seqlen_q;
+    geo.seqlen_k = seq.seqlen_k;
+    geo.causal = Traits::Is_causal;
+    return Traits::kVarlen && m * kBlockM >= seq.seqlen_q ? 0 : geo.n_end(m);
+  };
 
   int64_t const tile = bh * p.num_m_blocks + m;
   // Chains that received an add: all of them without determinism (one, zeroed by the
-  // preprocess), else min(chains, contributions), the tile's contributions being the columns
-  // [0, n_end(m)) (schedule.h).
+  // preprocess), else min(chains, contributions).
   int chains = p.dq_chains;
-  if (chains > 1) {
-    TileGeometryT<StaticBlocks<kBlockM, Traits::kBlockN>> geo;
-    geo.seqlen_q = p.seqlen_q;
-    geo.seqlen_k = p.seqlen_k;
-    geo.causal = Traits::Is_causal;
-    chains = min_int(chains, geo.n_end(m));
-  }
+  if (chains > 1) { chains = min_int(chains, contributions()); }
   if (p.wait_per_tile) {
     // Chain c of the tile receives the turns c, c + dq_chains, ... of its n_end(m)
     // contributions; the writer of each releases the chain's semaphore (red.release.gpu) only
@@ -132,13 +165,9 @@ __global__ void __launch_bounds__(Traits::NumMmaThreads)
     // CTA. The main grid's CTAs are all resident before this grid launches (they trigger it),
     // so the wait cannot starve them.
     if (tid == 0) {
-      TileGeometryT<StaticBlocks<kBlockM, Traits::kBlockN>> geo;
-      geo.seqlen_q = p.seqlen_q;
-      geo.seqlen_k = p.seqlen_k;
-      geo.causal = Traits::Is_causal;
-      int const contributions = geo.n_end(m);
+      int const adds_total = contributions();
       for (int c = 0; c < chains; ++c) {
-        int const adds = (contributions - c + p.dq_chains - 1) / p.dq_chains;
+        int const adds = (adds_total - c + p.dq_chains - 1) / p.dq_chains;
         int const* sem = p.dq_semaphore + c * p.dq_chain_tiles + tile;
         while (ptx::ld_acquire_gpu(sem) < adds) { __nanosleep(256); }
       }
@@ -164,9 +193,11 @@ __global__ void __launch_bounds__(Traits::NumMmaThreads)
   typename Traits::TiledMmadQ tiled_mma_dQ;
   Tensor tdQcdQ = tiled_mma_dQ.get_thread_slice(tid).partition_C(make_identity_tensor(typename Traits::TileShapedQAcc{}));
   static_assert(decltype(size(tdQcdQ))::value == kValues);
-  Element* dq = static_cast<Element*>(p.dq) + b * p.dq_strides.batch + h * p.dq_strides.head;
+  Element* dq = static_cast<Element*>(p.dq) + batch_rows_offset<Traits>(p.dq_strides, b, seq) +
+                h * p.dq_strides.head;
+  int const seqlen_q = seq.seqlen_q;
   if constexpr (!Traits::dQ_transposed) {
-    store_acc_rows_16B(vals, tdQcdQ, p.softmax_scale, dq, p.dq_strides.row, m * kBlockM, p.seqlen_q);
+    store_acc_rows_16B(vals, tdQcdQ, p.softmax_scale, dq, p.dq_strides.row, m * kBlockM, seqlen_q);
   } else {
     // The accumulator is dQ^T: a thread's values run along the query (output row) axis, so
     // they are transposed through shared memory into (query, head dim) rows and stored 16
@@ -181,7 +212,7 @@ __global__ void __launch_bounds__(Traits::NumMmaThreads)
     for (int c = tid; c < kBlockM * kChunksPerRow; c += Traits::NumMmaThreads) {
       int const r = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
       int const row = m * kBlockM + r;
-      if (row >= p.seqlen_q) { continue; }
+      if (row >= seqlen_q) { continue; }
       float4 const lo = *reinterpret_cast<float4 const*>(tile + r * kPitch + col);
       float4 const hi = *reinterpret_cast<float4 const*>(tile + r * kPitch + col + 4);
       float const s = p.softmax_scale;

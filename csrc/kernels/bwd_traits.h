@@ -11,6 +11,7 @@
 #include "generated/tile_config.h"
 #include "kernels/bwd_params.h"
 #include "kernels/mma_utils.h"
+#include "kernels/varlen.h"
 #include "kernels/work_ring.h"
 #include "schedule/schedule.h"
 
@@ -18,7 +19,8 @@ namespace dash {
 
 using namespace cute;
 
-template <int kHeadDim_, bool Is_causal_, class Element_>
+// kVarlen_: a variable-length batch (BwdParams::cu_seqlens_q; kernels/varlen.h).
+template <int kHeadDim_, bool Is_causal_, class Element_, bool kVarlen_ = false>
 struct BwdTraits {
   using Config = BwdTileConfig<kHeadDim_, Is_causal_>;
   using Element = Element_;
@@ -26,6 +28,7 @@ struct BwdTraits {
 
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr bool Is_causal = Is_causal_;
+  static constexpr bool kVarlen = kVarlen_;
   static constexpr int kBlockM = Config::kBlockM;
   static constexpr int kBlockN = Config::kBlockN;
   static constexpr int NumMmaWarpGroups = Config::NumMmaWarpGroups;
@@ -201,6 +204,14 @@ struct BwdTraits {
     int num_heads, num_heads_k, heads_per_kv_head;
     bool deterministic;
     Schedule schedule;
+    // kVarlen only: the sequences' first rows ((batch + 1) each); shape_q / shape_k are then
+    // (total rows, d, heads, 1) and the schedule's geometry is the longest sequence's.
+    int const* cu_seqlens_q;
+    int const* cu_seqlens_k;
+    // The padded Q tiles per head, as a parameter: the dQ writer multiplies by it straight from
+    // the constant bank (derived from the geometry it took a register, which spilled beside
+    // the sequence's lengths in the writer's 24).
+    int num_m_blocks;
   };
 };
 

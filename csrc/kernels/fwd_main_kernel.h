@@ -123,14 +123,10 @@ struct FwdMainKernel {
       s.item = t;
       if (t >= p.order.num_tiles) { return s; }
       auto const tile = p.order.tile(t);
-      int const b = tile.bh / p.num_heads;
       s.bh = tile.bh;
       s.m = tile.m;
-      s.row_q = p.cu_seqlens_q[b];
-      s.seqlen_q = p.cu_seqlens_q[b + 1] - s.row_q;
-      s.row_k = p.cu_seqlens_k[b];
-      s.seqlen_k = p.cu_seqlens_k[b + 1] - s.row_k;
-      if (s.m * kBlockM < s.seqlen_q) { return s; }
+      s.seq = load_seq_place(p.cu_seqlens_q, p.cu_seqlens_k, tile.bh / p.num_heads);
+      if (s.m * kBlockM < s.seq.seqlen_q) { return s; }
     }
   }
 
@@ -139,10 +135,7 @@ struct FwdMainKernel {
   template <class Work>
   static __device__ __forceinline__ decltype(auto) geometry_of(Params const& p, Work const& work) {
     if constexpr (kVarlen) {
-      auto g = p.geo;
-      g.seqlen_q = work.seqlen_q;
-      g.seqlen_k = work.seqlen_k;
-      return g;
+      return with_lengths(p.geo, work.seq);
     } else {
       return (p.geo);
     }
@@ -256,11 +249,11 @@ struct FwdMainKernel {
         int const h = s.bh % p.num_heads;
         int const h_kv = h / p.heads_per_kv_head;
         // The sequence's rows, from its first one in the packed tensors.
-        Tensor gQ = local_tile(domain_offset(make_coord(s.row_q, _0{}), mQ(_, _, h, _0{})),
+        Tensor gQ = local_tile(domain_offset(make_coord(s.seq.row_q, _0{}), mQ(_, _, h, _0{})),
                                Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(s.m, _0{}));
-        Tensor gK = local_tile(domain_offset(make_coord(s.row_k, _0{}), mK(_, _, h_kv, _0{})),
+        Tensor gK = local_tile(domain_offset(make_coord(s.seq.row_k, _0{}), mK(_, _, h_kv, _0{})),
                                Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));
-        Tensor gV = local_tile(domain_offset(make_coord(s.row_k, _0{}), mV(_, _, h_kv, _0{})),
+        Tensor gV = local_tile(domain_offset(make_coord(s.seq.row_k, _0{}), mV(_, _, h_kv, _0{})),
                                Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));
         load_tile(tma_q.partition_S(gQ), tma_k.partition_S(gK), tma_v.partition_S(gV), n_end);
       } else {
@@ -593,8 +586,8 @@ struct FwdMainKernel {
       Element* out;
       float* lse_rows;
       if constexpr (kVarlen) {
-        out = p.out + int64_t(work.row_q) * p.out_strides.row + int64_t(h) * p.out_strides.head;
-        lse_rows = p.lse + int64_t(h) * p.lse_head_stride + work.row_q;
+        out = p.out + int64_t(work.seq.row_q) * p.out_strides.row + int64_t(h) * p.out_strides.head;
+        lse_rows = p.lse + int64_t(h) * p.lse_head_stride + work.seq.row_q;
       } else {
         out = p.out + int64_t(b) * p.out_strides.batch + int64_t(h) * p.out_strides.head;
         lse_rows = p.lse + int64_t(bh) * p.geo.seqlen_q;
@@ -609,7 +602,7 @@ struct FwdMainKernel {
         }
       }
       if constexpr (kVarlen) {
-        if (m == p.order.num_m_blocks - 1) { write_nan_past_grid(p, out, lse_rows, work.seqlen_q, mma_tidx); }
+        if (m == p.order.num_m_blocks - 1) { write_nan_past_grid(p, out, lse_rows, work.seq.seqlen_q, mma_tidx); }
       }
     }
   }

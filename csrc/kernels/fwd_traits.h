@@ -13,6 +13,7 @@
 #include "generated/tile_config.h"
 #include "kernels/fwd_params.h"
 #include "kernels/mma_utils.h"
+#include "kernels/varlen.h"
 #include "kernels/work_ring.h"
 #include "schedule/fwd_tile_order.h"  // FwdTileOrder
 #include "schedule/schedule.h"  // TileGeometryT
@@ -26,8 +27,7 @@ using namespace cute;
 struct FwdSeqTile {
   int item;    // >= the order's num_tiles: no more work
   int bh, m;   // FwdTileOrder::tile(item)
-  int row_q, row_k;        // the sequence's first row in the packed q (and out) / k and v
-  int seqlen_q, seqlen_k;  // its lengths
+  SeqPlace seq;
 };
 
 // kClusterM_ = 2: the kernel runs in clusters of two CTAs that work on adjacent Q tiles of one

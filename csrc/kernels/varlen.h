@@ -1,0 +1,39 @@
+// Variable-length batches (FA3's varlen layout), shared by the forward and the backward: the
+// sequences lie packed along the rows of q, k, v and of the outputs, sequence b at rows
+// [cu_seqlens_q[b], cu_seqlens_q[b + 1]) of q and [cu_seqlens_k[b], cu_seqlens_k[b + 1]) of k
+// and v. The kernels keep the padded grids of the longest sequence (max_seqlen_*) and give each
+// work item its sequence's place; the tile geometry of an item is the padded one with the
+// sequence's lengths.
+#pragma once
+
+#include "schedule/schedule.h"  // DASH_HOST_DEVICE
+
+namespace dash {
+
+// Where one sequence lies in the packed tensors.
+struct SeqPlace {
+  int row_q = 0, row_k = 0;        // its first row in q (and out, dout, dq) / in k and v (dk, dv)
+  int seqlen_q = 0, seqlen_k = 0;  // its lengths
+};
+
+#ifdef __CUDACC__
+// Sequence b's place, from the int32 offsets (b + 1 < their length).
+__device__ __forceinline__ SeqPlace load_seq_place(int const* cu_seqlens_q, int const* cu_seqlens_k, int b) {
+  SeqPlace s;
+  s.row_q = cu_seqlens_q[b];
+  s.seqlen_q = cu_seqlens_q[b + 1] - s.row_q;
+  s.row_k = cu_seqlens_k[b];
+  s.seqlen_k = cu_seqlens_k[b + 1] - s.row_k;
+  return s;
+}
+#endif
+
+// `geo` (the padded problem's tile geometry) with the sequence's lengths.
+template <class Geometry>
+DASH_HOST_DEVICE Geometry with_lengths(Geometry geo, SeqPlace const& s) {
+  geo.seqlen_q = s.seqlen_q;
+  geo.seqlen_k = s.seqlen_k;
+  return geo;
+}
+
+}  // namespace dash

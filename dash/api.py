@@ -243,7 +243,10 @@ def flash_attn_varlen_func(
     Offsets on the GPU are not read on the host (that would synchronise), so, as in FA3, their
     values are the caller's contract; offsets on the CPU are checked and copied to q's device.
     A sequence longer than ``max_seqlen_q`` comes out NaN in its rows past that length (out
-    and softmax_lse), never as unwritten memory.
+    and softmax_lse), and one longer than ``max_seqlen_q`` or ``max_seqlen_k`` gets NaN for all
+    its dq, dk, dv: never unwritten memory. As in FA3, rows of q, k, v outside every sequence
+    (between or after them) must hold finite values: a tile that reaches into them multiplies
+    them by exact zeros.
 
     deterministic, schedule: as in ``flash_attn_func``, for the backward; the varlen backward
     runs the claimed schedules (``fa3``, ``interleaved``, ``descending``; "auto" picks among

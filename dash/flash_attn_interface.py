@@ -28,6 +28,7 @@ that code importing them by name imports; calling them raises NotImplementedErro
 
 from __future__ import annotations
 
+import numbers
 from typing import Optional
 
 import torch
@@ -238,6 +239,16 @@ def _is_varlen_call(cu_seqlens_q: object, cu_seqlens_k: object) -> bool:
     return cu_seqlens_q is not None
 
 
+def _lengths_for_window(max_seqlen_q: object, max_seqlen_k: object) -> tuple[int, int]:
+    """The longest lengths the window is normalised with (a side at least this long is
+    unbounded); validated first, so that a bad value is reported as such instead of widening
+    the window (with lengths of 0 every side would count as unbounded)."""
+    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if not isinstance(value, numbers.Integral) or isinstance(value, bool) or not 1 <= value < 2**30:
+            raise ValueError(f"{name}={value!r} must be an int in [1, 2^30): the longest sequence's length")
+    return int(max_seqlen_q), int(max_seqlen_k)
+
+
 def _varlen_forward(q, k, v, out_, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                     window_size_left, window_size_right, sm_margin):
     """``_flash_attn_forward`` on packed sequences: ``dash::fwd_varlen`` (with autograd when q,
@@ -245,9 +256,8 @@ def _varlen_forward(q, k, v, out_, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_tensor(name, t)
     q, k, v = contiguous_last_dim(q), contiguous_last_dim(k), contiguous_last_dim(v)
-    is_causal = effective_causal_from_sides(window_size_left, window_size_right, causal,
-                                            max_seqlen_q if isinstance(max_seqlen_q, int) else 0,
-                                            max_seqlen_k if isinstance(max_seqlen_k, int) else 0)
+    is_causal = effective_causal_from_sides(window_size_left, window_size_right, causal, *_lengths_for_window(
+        max_seqlen_q, max_seqlen_k))
     is_causal = validate_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                        softmax_scale=softmax_scale, causal=is_causal, window_size=(-1, -1),
                                        softcap=0.0, sm_margin=sm_margin, schedule="auto", deterministic=None)
@@ -275,8 +285,7 @@ def _varlen_backward(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k
         check_tensor(name, t)
     q, k, v, dout, out = (contiguous_last_dim(t) for t in (q, k, v, dout, out))
     causal = effective_causal_from_sides(window_size_left, window_size_right, is_causal,
-                                         max_seqlen_q if isinstance(max_seqlen_q, int) else 0,
-                                         max_seqlen_k if isinstance(max_seqlen_k, int) else 0, causal_arg="is_causal")
+                                         *_lengths_for_window(max_seqlen_q, max_seqlen_k), causal_arg="is_causal")
     causal = validate_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                     softmax_scale=softmax_scale, causal=causal, window_size=(-1, -1), softcap=0.0,
                                     sm_margin=sm_margin, schedule="auto", deterministic=deterministic, backward=True)

@@ -233,12 +233,17 @@ def run_forward(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: b
     return torch.ops.dash.fwd(q, k, v, float(softmax_scale), causal, deterministic, kernel_schedule, int(sm_margin))
 
 
+def _next_power_of_two(x: int) -> int:
+    return 1 << max(int(x) - 1, 0).bit_length()
+
+
 def varlen_kernel_schedule(schedule: str, batch: int, heads: int, heads_kv: int, max_seqlen_q: int,
                            max_seqlen_k: int, head_dim: int, causal: bool, deterministic: bool,
                            needs_grad: bool) -> str:
     """The kernel schedule of a varlen batch's backward: ``schedule`` as given, or for "auto"
-    the padded problem's choice (``resolve_schedule``'s rules on the longest lengths) among the
-    claimed schedules, which are the ones built for varlen: deterministic ``auto`` only ever
+    the padded problem's choice (``resolve_schedule``'s rules on the longest lengths, ranked
+    deterministically on power-of-two buckets of them and of the batch) among the claimed
+    schedules, which are the ones built for varlen: deterministic ``auto`` only ever
     picks portable (claimed) ones; the non-deterministic rule's ``shift`` becomes ``fa3``, its
     fallback there. "fa3" when no backward will run (nothing uses it)."""
     if schedule != "auto":
@@ -246,8 +251,13 @@ def varlen_kernel_schedule(schedule: str, batch: int, heads: int, heads_kv: int,
     if not needs_grad:
         return "fa3"
     if deterministic:
+        # Ranked on power-of-two buckets of the batch and the longest lengths: they change from
+        # step to step in varlen training, and the model costs up to a second per new shape
+        # (it is cached per shape). The choice stays a function of the call's arguments.
         batch, heads, heads_kv, head_dim = (_specialized_int(x) for x in (batch, heads, heads_kv, head_dim))
-        return _auto_schedule(batch, heads, heads_kv, max_seqlen_q, max_seqlen_k, head_dim, bool(causal))
+        bucket = _next_power_of_two
+        return _auto_schedule(bucket(batch), heads, heads_kv, bucket(max_seqlen_q), bucket(max_seqlen_k), head_dim,
+                              bool(causal))
     from dash.schedules.auto import nondeterministic_kernel_schedule
 
     chosen = nondeterministic_kernel_schedule(max_seqlen_q, max_seqlen_k, _specialized_int(head_dim), bool(causal),

@@ -439,7 +439,7 @@ def validate_varlen_inputs(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: object
     if k.shape[0] != v.shape[0]:
         raise ValueError(f"total_k differs between k ({k.shape[0]}) and v ({v.shape[0]})")
     for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
-        if not _is_int(value) or not 1 <= value < 2**30:
+        if not _is_int(value) or not 1 <= value < 2**30:  # numpy ints pass (numbers.Integral)
             raise ValueError(f"{name}={value!r} must be an int in [1, 2^30): the longest sequence's length")
     for name, value in (("total_q", q.shape[0]), ("total_k", k.shape[0])):
         if value >= 2**31:

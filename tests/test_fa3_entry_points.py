@@ -589,3 +589,16 @@ def test_varlen_backward_checks_its_lse(cpu_as_sm90):
     with pytest.raises(ValueError, match=r"max_seqlen_q=None must be an int"):
         _flash_attn_backward(q, q, k, v, q, torch.zeros(4, q.shape[0]), cu, cu)
     assert cpu_as_sm90 == []
+
+
+def test_varlen_window_is_normalised_with_validated_lengths(cpu_as_sm90):
+    """numpy ints are lengths like any int: a window shorter than them stays a (refused) sliding
+    window instead of being widened to none."""
+    np = pytest.importorskip("numpy")
+    q, k, v, cu, longest = _packed()
+    with pytest.raises(NotImplementedError, match="sliding-window attention is not supported yet"):
+        _flash_attn_forward(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=np.int64(longest),
+                            max_seqlen_k=np.int64(longest), window_size_left=3, window_size_right=0)
+    _flash_attn_forward(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=np.int64(longest),
+                        max_seqlen_k=np.int64(longest), window_size_left=-1, window_size_right=0)
+    assert cpu_as_sm90[0]["causal"] is True and cpu_as_sm90[0]["max_seqlen_q"] == longest

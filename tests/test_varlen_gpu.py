@@ -339,3 +339,32 @@ def test_fa3_entry_points_on_packed_sequences(causal):
                                      is_causal=causal, deterministic=True)
     _check_grads(dout, q, k, v, out, lse, cu_q, cu_k, causal, (dq, dk, dv), f"entry bwd causal={causal} {_tag(seed)}")
     torch.testing.assert_close(softmax_d, (dout.float() * out.float()).sum(-1).transpose(0, 1))
+
+
+@pytest.mark.parametrize("too_small", ["max_seqlen_q", "max_seqlen_k"])
+@pytest.mark.parametrize("heads_kv", [2, 1])
+def test_varlen_backward_of_a_sequence_longer_than_the_max_is_nan(too_small, heads_kv):
+    """A sequence longer than a max length gets no work in the backward (its tiles would fall
+    outside the padded workspace) and NaN in all its gradients; the other sequences' gradients
+    are right, and nothing hangs."""
+    lengths = [100, 450, 30]
+    seed = _seed("bwd-overlong", too_small, heads_kv)
+    q, k, v, cu_q, cu_k = _packed(lengths, lengths, 2, heads_kv, 128, torch.bfloat16, seed)
+    out, lse = _exact_forward(q, k, v, cu_q, cu_k, True)
+    dout = torch.randn_like(q)
+    maxes = dict(max_seqlen_q=450, max_seqlen_k=450)
+    maxes[too_small] = 200
+    grads = torch.ops.dash.bwd_varlen(dout, q, k, v, out, lse, cu_q, cu_k, maxes["max_seqlen_q"],
+                                      maxes["max_seqlen_k"], 128 ** -0.5, True, True, "fa3", 0)
+    torch.cuda.synchronize()
+    long_rows = slice(100, 550)
+    for name, g in zip(("dq", "dk", "dv"), grads):
+        assert torch.isnan(g[long_rows]).all(), f"{name}: the long sequence's gradients must be NaN {_tag(seed)}"
+        assert not torch.isnan(g[:100]).any() and not torch.isnan(g[550:]).any(), f"{name} {_tag(seed)}"
+    hi = reference.attention_backward_varlen(dout, q, k, v, out, lse, cu_q.tolist(), cu_k.tolist(), causal=True,
+                                             compute_dtype=torch.float64)
+    lo = reference.attention_backward_varlen(dout, q, k, v, out, lse, cu_q.tolist(), cu_k.tolist(), causal=True,
+                                             compute_dtype=q.dtype)
+    for name, g, h, l in zip(("dq", "dk", "dv"), grads, hi, lo):
+        for sl in (slice(0, 100), slice(550, 580)):
+            reference.assert_within_bound(g[sl], h[sl], l[sl], f"{name} rows {sl} {_tag(seed)}")

@@ -41,7 +41,8 @@ struct BwdEpilogue {
   // ---------------------------------------------------------------------------------------
   static __device__ __forceinline__ SeqPlace seq_of(Params const& params, ColumnCoord const& col) {
     if constexpr (kVarlen) {
-      return load_seq_place(params.cu_seqlens_q, params.cu_seqlens_k, col.b);
+      return load_seq_place_within(params.cu_seqlens_q, params.cu_seqlens_k, col.b, params.schedule.geo.seqlen_q,
+                                   params.schedule.geo.seqlen_k);
     } else {
       return SeqPlace{};
     }

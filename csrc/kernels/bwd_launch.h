@@ -227,6 +227,14 @@ void run_bwd_impl(BwdParams const& p, cudaStream_t stream) {
   pp.wait_per_tile = false;
   pp.cu_seqlens_q = p.cu_seqlens_q;
   pp.cu_seqlens_k = p.cu_seqlens_k;
+  pp.dk = p.dk;
+  pp.dv = p.dv;
+  pp.dk_strides = p.dk_strides;
+  pp.dv_strides = p.dv_strides;
+  pp.dk_accum = gqa ? p.dk_accum : nullptr;
+  pp.dv_accum = gqa ? p.dv_accum : nullptr;
+  pp.dkv_accum_strides = p.dkv_accum_strides;
+  pp.num_heads_k = p.num_heads_k;
 
   dim3 const tile_grid(num_m_blocks, p.num_heads, p.batch);
   bwd_preprocess_kernel<Traits><<<tile_grid, kPreprocessThreads, 0, stream>>>(pp);

@@ -16,6 +16,8 @@
 //   landed), the others for the whole main grid (griddepcontrol.wait).
 #pragma once
 
+#include <type_traits>
+
 #include <cute/tensor.hpp>
 #include <cutlass/numeric_types.h>
 
@@ -50,6 +52,15 @@ struct PrepostParams {
   // total_q), lse_head_stride = total_q) are addressed from the sequence's first row.
   int const* cu_seqlens_q;
   int const* cu_seqlens_k;
+  // Varlen: where the preprocess NaN-fills the gradients of a sequence longer than the padded
+  // grids (load_seq_place_within): dk, dv as Element, or under GQA their fp32 accumulators.
+  void* dk;
+  void* dv;
+  BSHDStrides dk_strides, dv_strides;
+  float* dk_accum;
+  float* dv_accum;
+  BSHDStrides dkv_accum_strides;
+  int num_heads_k;
 };
 
 // The first row of batch entry b of a (b, s, h, d) tensor, relative to its head's: b * batch
@@ -63,12 +74,42 @@ __device__ __forceinline__ int64_t batch_rows_offset(BSHDStrides const& st, int 
 template <class Traits>
 __device__ __forceinline__ SeqPlace prepost_seq(PrepostParams const& p, int b) {
   if constexpr (Traits::kVarlen) {
-    return load_seq_place(p.cu_seqlens_q, p.cu_seqlens_k, b);
+    return load_seq_place_within(p.cu_seqlens_q, p.cu_seqlens_k, b, p.seqlen_q, p.seqlen_k);
   } else {
     SeqPlace s;
     s.seqlen_q = p.seqlen_q;
     s.seqlen_k = p.seqlen_k;
     return s;
+  }
+}
+
+// Varlen: a sequence longer than the padded grids gets no work in the backward
+// (load_seq_place_within), so its gradients would stay unwritten: the preprocess's first Q-tile
+// block of each (b, h) writes NaN to all of the sequence's rows of head h of dq, and of dk and dv
+// (or their GQA accumulators) when h is also a KV head. Nothing later writes those rows.
+template <class Traits>
+__device__ __noinline__ void fill_nan_if_longer_than_grid(PrepostParams const& p, int b, int h) {
+  using Element = typename Traits::Element;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  SeqPlace const s = load_seq_place(p.cu_seqlens_q, p.cu_seqlens_k, b);
+  if (s.seqlen_q <= p.seqlen_q && s.seqlen_k <= p.seqlen_k) { return; }
+  float const nan = __int_as_float(0x7fffffff);
+  auto fill = [&](auto* base, BSHDStrides const& st, int first_row, int rows) {
+    using T = std::remove_pointer_t<decltype(base)>;
+    T* head = base + int64_t(first_row) * st.row + int64_t(h) * st.head;
+    for (int64_t i = threadIdx.x; i < int64_t(rows) * kHeadDim; i += blockDim.x) {
+      head[(i / kHeadDim) * st.row + i % kHeadDim] = T(nan);
+    }
+  };
+  fill(static_cast<Element*>(p.dq), p.dq_strides, s.row_q, s.seqlen_q);
+  if (h < p.num_heads_k) {
+    if (p.dk_accum != nullptr) {
+      fill(p.dk_accum, p.dkv_accum_strides, s.row_k, s.seqlen_k);
+      fill(p.dv_accum, p.dkv_accum_strides, s.row_k, s.seqlen_k);
+    } else {
+      fill(static_cast<Element*>(p.dk), p.dk_strides, s.row_k, s.seqlen_k);
+      fill(static_cast<Element*>(p.dv), p.dv_strides, s.row_k, s.seqlen_k);
+    }
   }
 }
 
@@ -118,6 +159,10 @@ __global__ void __launch_bounds__(kPreprocessThreads)
       lse_log2 = lse == -INFINITY ? 0.f : lse * float(M_LOG2E);
     }
     p.lse_log2[bh * p.stats_bh_stride + row] = lse_log2;
+  }
+
+  if constexpr (Traits::kVarlen) {
+    if (m == 0) { fill_nan_if_longer_than_grid<Traits>(p, b, h); }
   }
 
   int64_t const tile = bh * p.num_m_blocks + m;

@@ -106,7 +106,7 @@ struct BwdEpilogue {
   static __device__ void dq_writer(Params const& params, SharedStorage& ss, int writer) {
     auto const& sched = params.schedule;
     int const lane = threadIdx.x % 32;
-    int const num_m_blocks = kVarlen ? params.num_m_blocks : sched.geo.num_m_blocks();
+    int const num_m_blocks = sched.geo.num_m_blocks();
     constexpr int kSliceFloats = Traits::kdQSliceFloats;
     constexpr uint32_t kBarThreads = 128 + 32;
     // Lane 0 records in trace mode (never with varlen, whose launch refuses a trace: compiled
@@ -122,14 +122,19 @@ struct BwdEpilogue {
     }
     int g0 = 0;  // the CTA's steps before the current column
     for_each_scheduled_column(params.schedule, ss.work, [&](ColumnCoord const& col) {
-      auto&& csched = column_schedule(params, seq_of(params, col));
+      SeqPlace const seq = seq_of(params, col);
+      auto&& csched = column_schedule(params, seq);
       int const num_steps = column_steps(csched, col);
-      // Q tile (b, h, m) is tile number bh * M + m of dQaccum and of the semaphores. 32-bit
-      // indices, not pointers, keep this warp within its 24 registers (launch checks the range).
+      // Q tile (b, h, m) is tile number bh * M + m of dQaccum and of the semaphores, or varlen
+      // h * (tiles per head) + (the sequence's first tile) + m (kernels/varlen.h; the tiles per
+      // head read from the parameters' constant bank). 32-bit indices, not pointers, keep this
+      // warp within its 24 registers (launch checks the range).
       int const bh = col.b * params.num_heads + col.h;
+      int const varlen_tile0 =
+          kVarlen ? col.h * params.dq_tiles_per_head + varlen_first_tile(seq.row_q, col.b, kBlockM) : 0;
       for (int step = (g0 + writer) & 1; step < num_steps; step += 2) {  // steps with g % 2 == writer
         int const m = csched.m_block(col, step);
-        int const tile = bh * num_m_blocks + m;
+        int const tile = kVarlen ? varlen_tile0 + m : bh * num_m_blocks + m;
         // Trace mode: the record is claimed and filled as the step goes, so that no timestamp
         // stays live in a register.
         int const rec = tracer ? begin_record(params, bh, col.n, m, step) : -1;

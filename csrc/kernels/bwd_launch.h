@@ -129,7 +129,12 @@ void run_bwd_impl(BwdParams const& p, cudaStream_t stream) {
   geo.block_n = kBlockN;
   geo.causal = Is_causal;
   int const num_m_blocks = geo.num_m_blocks();
-  int64_t const stats_bh_stride = int64_t(num_m_blocks) * kBlockM;
+  // The workspace's Q tiles per (batch, head) row, or varlen per head (kernels/varlen.h); the
+  // LSE / D rows of a row of tiles follow the same layout.
+  int64_t const workspace_tiles_per_row =
+      kVarlen ? varlen_tiles_per_head(p.total_q, p.batch, kBlockM) : int64_t(num_m_blocks);
+  int64_t const workspace_rows = kVarlen ? int64_t(p.num_heads) : int64_t(p.num_heads) * p.batch;
+  int64_t const stats_bh_stride = workspace_tiles_per_row * kBlockM;
 
   // ---- checks --------------------------------------------------------------------------
   // The pre/post-process grids are (Q tiles, heads, batch); y and z are limited to 65535.
@@ -145,7 +150,7 @@ void run_bwd_impl(BwdParams const& p, cudaStream_t stream) {
   }
   int const num_columns = int(num_columns64);
   // The dQ writers address chain c of dQ tile t as the 32-bit index c * tiles + t.
-  int64_t const dq_tiles64 = int64_t(num_m_blocks) * p.num_heads * p.batch * Traits::kdQChains;
+  int64_t const dq_tiles64 = workspace_tiles_per_row * workspace_rows * Traits::kdQChains;
   if (dq_tiles64 > INT_MAX) {
     throw std::invalid_argument("DASH backward: " + std::to_string(dq_tiles64 / Traits::kdQChains) +
                                 " Q tiles (Q tiles x heads x batch) exceed the supported " +
@@ -220,8 +225,9 @@ void run_bwd_impl(BwdParams const& p, cudaStream_t stream) {
   pp.seqlen_k = p.seqlen_k;
   pp.num_heads = p.num_heads;
   pp.num_m_blocks = num_m_blocks;
+  pp.tiles_per_head = kVarlen ? int(workspace_tiles_per_row) : 0;
   pp.dq_chains = p.deterministic ? Traits::kdQChains : 1;
-  pp.dq_chain_tiles = int64_t(num_m_blocks) * p.num_heads * p.batch;
+  pp.dq_chain_tiles = workspace_tiles_per_row * workspace_rows;
   pp.stats_bh_stride = stats_bh_stride;
   pp.softmax_scale = p.softmax_scale;
   pp.wait_per_tile = false;
@@ -287,7 +293,7 @@ void run_bwd_impl(BwdParams const& p, cudaStream_t stream) {
     mp.schedule = schedule;
     mp.cu_seqlens_q = p.cu_seqlens_q;
     mp.cu_seqlens_k = p.cu_seqlens_k;
-    mp.num_m_blocks = num_m_blocks;
+    mp.dq_tiles_per_head = int(workspace_tiles_per_row);
     // The config table says per mode whether a launch runs the mainloop that loads the LSE
     // before the S^T GEMM (BwdMainKernel's kLseEarly: lse_early_nondet, lse_early_det); where
     // both modes say the same, the two calls name one instantiation.

@@ -172,7 +172,12 @@ struct BwdMainKernel {
     Tensor tdOgdO = tma_do.partition_S(gdO);  // (TMA, 1, 1, m)
     Tensor tKgK = tma_k.partition_S(gK);
     Tensor tVgV = tma_v.partition_S(gV);
-    int64_t const stats_offset = (int64_t(col.b) * params.num_heads + col.h) * params.stats_bh_stride;
+    // The column's LSE / D rows: row (b, h) of the padded workspace, or varlen head h's rows
+    // from its sequence's first tile (kernels/varlen.h).
+    int64_t const stats_offset =
+        Traits::kVarlen
+            ? int64_t(col.h) * params.stats_bh_stride + int64_t(varlen_first_tile(seq.row_q, col.b, kBlockM)) * kBlockM
+            : (int64_t(col.b) * params.num_heads + col.h) * params.stats_bh_stride;
     float const* lse_bh = params.lse_log2 + stats_offset;
     float const* dpsum_bh = params.dpsum + stats_offset;
 

@@ -42,7 +42,7 @@ struct PrepostParams {
   int seqlen_q, seqlen_k, num_heads, num_m_blocks;
   int dq_chains;           // 1, or Traits::kdQChains when deterministic (bwd_params.h)
   int64_t dq_chain_tiles;  // tiles per chain: batch * heads * num_m_blocks
-  int64_t stats_bh_stride;
+  int64_t stats_bh_stride;  // varlen: per head (tiles_per_head * kBlockM)
   float softmax_scale;
   // Convert: launched under the main kernel, waiting per tile on dq_semaphore (deterministic;
   // the main kernel's writers count the adds there). False: waits for the main grid.
@@ -61,6 +61,7 @@ struct PrepostParams {
   float* dv_accum;
   BSHDStrides dkv_accum_strides;
   int num_heads_k;
+  int tiles_per_head;  // varlen: the workspace's Q tiles per head (kernels/varlen.h)
 };
 
 // The first row of batch entry b of a (b, s, h, d) tensor, relative to its head's: b * batch
@@ -68,6 +69,17 @@ struct PrepostParams {
 template <class Traits>
 __device__ __forceinline__ int64_t batch_rows_offset(BSHDStrides const& st, int b, SeqPlace const& seq) {
   return Traits::kVarlen ? int64_t(seq.row_q) * st.row : int64_t(b) * st.batch;
+}
+
+// Workspace tile (b, h, 0): row bh of the padded layout, or varlen head h from the sequence's
+// first tile (kernels/varlen.h). Tile t's LSE / D rows are t * kBlockM ...
+template <class Traits>
+__device__ __forceinline__ int64_t workspace_first_tile(PrepostParams const& p, int b, int h, SeqPlace const& seq) {
+  if constexpr (Traits::kVarlen) {
+    return int64_t(h) * p.tiles_per_head + varlen_first_tile(seq.row_q, b, Traits::kBlockM);
+  } else {
+    return (int64_t(b) * p.num_heads + h) * p.num_m_blocks;
+  }
 }
 
 // The lengths (and varlen place) of batch entry b: the problem's, or its sequence's.
@@ -129,6 +141,15 @@ __global__ void __launch_bounds__(kPreprocessThreads)
   int64_t const bh = int64_t(b) * p.num_heads + h;
   SeqPlace const seq = prepost_seq<Traits>(p, b);
   int const seqlen_q = seq.seqlen_q;
+  if constexpr (Traits::kVarlen) {
+    if (m == 0) { fill_nan_if_longer_than_grid<Traits>(p, b, h); }
+    if (tid < kNumCounters && m == 0 && h == 0 && b == 0) { p.counters[tid] = 0; }
+    // The padded grid's blocks past the sequence's Q tiles have no workspace tile: the next
+    // ones belong to the next sequence (kernels/varlen.h).
+    if (m * kBlockM >= seqlen_q) { return; }
+  }
+  // Varlen: the first LSE / D row of this (b, h) (workspace_first_tile); padded: row bh's.
+  int64_t const varlen_stats_row0 = Traits::kVarlen ? workspace_first_tile<Traits>(p, b, h, seq) * kBlockM : 0;
 
   Element const* o = static_cast<Element const*>(p.out) + batch_rows_offset<Traits>(p.out_strides, b, seq) +
                      h * p.out_strides.head;
@@ -147,7 +168,9 @@ __global__ void __launch_bounds__(kPreprocessThreads)
     }
     CUTLASS_PRAGMA_UNROLL
     for (int offset = kThreadsPerRow / 2; offset > 0; offset /= 2) { acc += __shfl_xor_sync(0xffffffff, acc, offset); }
-    if (tid % kThreadsPerRow == 0) { p.dpsum[bh * p.stats_bh_stride + row] = acc; }  // 0 for padding rows
+    if (tid % kThreadsPerRow == 0) {  // 0 for padding rows
+      p.dpsum[(Traits::kVarlen ? varlen_stats_row0 : bh * p.stats_bh_stride) + row] = acc;
+    }
   }
 
   for (int i = tid; i < kBlockM; i += kPreprocessThreads) {
@@ -158,20 +181,16 @@ __global__ void __launch_bounds__(kPreprocessThreads)
                               h * p.lse_head_stride + row];
       lse_log2 = lse == -INFINITY ? 0.f : lse * float(M_LOG2E);
     }
-    p.lse_log2[bh * p.stats_bh_stride + row] = lse_log2;
+    p.lse_log2[(Traits::kVarlen ? varlen_stats_row0 : bh * p.stats_bh_stride) + row] = lse_log2;
   }
 
-  if constexpr (Traits::kVarlen) {
-    if (m == 0) { fill_nan_if_longer_than_grid<Traits>(p, b, h); }
-  }
-
-  int64_t const tile = bh * p.num_m_blocks + m;
+  int64_t const tile = Traits::kVarlen ? workspace_first_tile<Traits>(p, b, h, seq) + m : bh * p.num_m_blocks + m;
   if (p.dq_chains == 1) {  // several (deterministic) chains start with a store instead
     float4* chunk = reinterpret_cast<float4*>(p.dq_accum + tile * (kBlockM * kHeadDim));
     for (int i = tid; i < kBlockM * kHeadDim / 4; i += kPreprocessThreads) { chunk[i] = make_float4(0.f, 0.f, 0.f, 0.f); }
   }
   if (tid < p.dq_chains) { p.dq_semaphore[tid * p.dq_chain_tiles + tile] = 0; }
-  if (tid < kNumCounters && m == 0 && h == 0 && b == 0) { p.counters[tid] = 0; }
+  if (!Traits::kVarlen && tid < kNumCounters && m == 0 && h == 0 && b == 0) { p.counters[tid] = 0; }
 }
 
 template <class Traits>
@@ -191,17 +210,22 @@ __global__ void __launch_bounds__(Traits::NumMmaThreads)
   // for a varlen tile past its sequence's rows (no column visits it).
   auto const contributions = [&] {
     TileGeometryT<StaticBlocks<kBlockM, Traits::kBlockN>> geo;
-    geo.seqlen_q = seq.seqlen_q;
-    geo.seqlen_k = seq.seqlen_k;
+    geo.seqlen_q = Traits::kVarlen ? seq.seqlen_q : p.seqlen_q;
+    geo.seqlen_k = Traits::kVarlen ? seq.seqlen_k : p.seqlen_k;
     geo.causal = Traits::Is_causal;
-    return Traits::kVarlen && m * kBlockM >= seq.seqlen_q ? 0 : geo.n_end(m);
+    if constexpr (Traits::kVarlen) {
+      if (m * kBlockM >= seq.seqlen_q) { return 0; }
+    }
+    return geo.n_end(m);
   };
 
-  int64_t const tile = bh * p.num_m_blocks + m;
+  int64_t const tile = Traits::kVarlen ? workspace_first_tile<Traits>(p, b, h, seq) + m : bh * p.num_m_blocks + m;
   // Chains that received an add: all of them without determinism (one, zeroed by the
-  // preprocess), else min(chains, contributions).
+  // preprocess), else min(chains, contributions); none for a varlen block past its sequence's
+  // Q tiles (it has no workspace tile: the next ones are the next sequence's).
   int chains = p.dq_chains;
   if (chains > 1) { chains = min_int(chains, contributions()); }
+  if (Traits::kVarlen && m * kBlockM >= seq.seqlen_q) { chains = 0; }
   if (p.wait_per_tile) {
     // Chain c of the tile receives the turns c, c + dq_chains, ... of its n_end(m)
     // contributions; the writer of each releases the chain's semaphore (red.release.gpu) only

@@ -185,7 +185,7 @@ struct BwdTraits {
     ShapeBSHD shape_q, shape_k;
     float const* lse_log2;  // (b, h, seqlen_q_rounded)
     float const* dpsum;
-    int64_t stats_bh_stride;  // = seqlen_q_rounded
+    int64_t stats_bh_stride;  // = seqlen_q_rounded (varlen: per head, dq_tiles_per_head * kBlockM)
     float* dq_accum;
     int* dq_semaphore;
     int dq_chain_tiles;  // deterministic: chain c of dQ tile t is tile c * dq_chain_tiles + t
@@ -208,10 +208,11 @@ struct BwdTraits {
     // (total rows, d, heads, 1) and the schedule's geometry is the longest sequence's.
     int const* cu_seqlens_q;
     int const* cu_seqlens_k;
-    // The padded Q tiles per head, as a parameter: the dQ writer multiplies by it straight from
-    // the constant bank (derived from the geometry it took a register, which spilled beside
-    // the sequence's lengths in the writer's 24).
-    int num_m_blocks;
+    // kVarlen only: the workspace's Q tiles per head (kernels/varlen.h), as a parameter: the dQ
+    // writer multiplies by it straight from the constant bank (a value derived in the kernel
+    // took a register, which spilled beside the sequence's lengths in the writer's 24). The
+    // LSE / D rows of head h start at h * stats_bh_stride, which is this times kBlockM.
+    int dq_tiles_per_head;
   };
 };
 

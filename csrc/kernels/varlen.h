@@ -6,6 +6,8 @@
 // sequence's lengths.
 #pragma once
 
+#include <stdint.h>
+
 #include "schedule/schedule.h"  // DASH_HOST_DEVICE
 
 namespace dash {
@@ -43,6 +45,19 @@ __device__ __forceinline__ SeqPlace load_seq_place_within(int const* cu_seqlens_
   return s;
 }
 #endif
+
+// The varlen backward's workspace (LSE in log2 units, D, dQaccum, dQ semaphores): per head, the
+// sequences' Q tiles one after another, sequence b's first at (cu_seqlens_q[b] + b * block_m) /
+// block_m (FA3's padded offsets), so it grows with the tokens instead of with batch x the
+// longest sequence. The tiles of consecutive sequences never overlap: the next first tile is at
+// least floor(x / block_m) + floor(seqlen / block_m) + 1 >= first + ceil(seqlen / block_m).
+DASH_HOST_DEVICE int varlen_first_tile(int row_q, int b, int block_m) {
+  return int((int64_t(row_q) + int64_t(b) * block_m) / block_m);
+}
+// Workspace tiles per head (a bound on every sequence's first tile + its tiles).
+DASH_HOST_DEVICE int64_t varlen_tiles_per_head(int64_t total_q, int batch, int block_m) {
+  return (total_q + int64_t(batch) * block_m + block_m - 1) / block_m;
+}
 
 // `geo` (the padded problem's tile geometry) with the sequence's lengths.
 template <class Geometry>

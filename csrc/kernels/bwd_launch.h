@@ -153,7 +153,8 @@ void run_bwd_impl(BwdParams const& p, cudaStream_t stream) {
   int64_t const dq_tiles64 = workspace_tiles_per_row * workspace_rows * Traits::kdQChains;
   if (dq_tiles64 > INT_MAX) {
     throw std::invalid_argument("DASH backward: " + std::to_string(dq_tiles64 / Traits::kdQChains) +
-                                " Q tiles (Q tiles x heads x batch) exceed the supported " +
+                                (kVarlen ? " workspace Q tiles (tiles per head x heads)" : " Q tiles (Q tiles x heads x batch)") +
+                                " exceed the supported " +
                                 std::to_string(INT_MAX / Traits::kdQChains));
   }
   if (p.num_ctas_max < 1) {

@@ -32,7 +32,7 @@ struct PrepostParams {
   BSHDStrides out_strides, dout_strides;
   float const* lse;  // (b, h, seqlen_q), natural log
   int64_t lse_batch_stride, lse_head_stride;
-  float* lse_log2;   // (b, h, seqlen_q_rounded)
+  float* lse_log2;   // (tiles, kBlockM): row bh of stats_bh_stride floats, or varlen (bwd_params.h)
   float* dpsum;
   float* dq_accum;
   int* dq_semaphore;
@@ -41,7 +41,7 @@ struct PrepostParams {
   BSHDStrides dq_strides;
   int seqlen_q, seqlen_k, num_heads, num_m_blocks;
   int dq_chains;           // 1, or Traits::kdQChains when deterministic (bwd_params.h)
-  int64_t dq_chain_tiles;  // tiles per chain: batch * heads * num_m_blocks
+  int64_t dq_chain_tiles;  // tiles per chain: batch * heads * num_m_blocks (varlen: heads * tiles_per_head)
   int64_t stats_bh_stride;  // varlen: per head (tiles_per_head * kBlockM)
   float softmax_scale;
   // Convert: launched under the main kernel, waiting per tile on dq_semaphore (deterministic;

@@ -183,7 +183,7 @@ struct BwdTraits {
     TMA_QdO tma_q, tma_do;
     TMA_KV tma_k, tma_v;
     ShapeBSHD shape_q, shape_k;
-    float const* lse_log2;  // (b, h, seqlen_q_rounded)
+    float const* lse_log2;  // (b, h, seqlen_q_rounded); varlen (h, tiles per head * kBlockM)
     float const* dpsum;
     int64_t stats_bh_stride;  // = seqlen_q_rounded (varlen: per head, dq_tiles_per_head * kBlockM)
     float* dq_accum;

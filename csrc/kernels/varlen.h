@@ -32,9 +32,9 @@ __device__ __forceinline__ SeqPlace load_seq_place(int const* cu_seqlens_q, int 
 // The backward's view of sequence b: its place, or, when it is longer than the padded grids
 // (max_seqlen_q / max_seqlen_k, the caller's promise), no rows at all. Every backward role
 // (producer, MMA warpgroups, dQ writers, preprocess, convert) reads it through this one
-// function, so they agree: such a sequence gets no column, no contribution and no store (its
-// tiles would fall outside the padded workspace and the other heads' semaphores), and the
-// preprocess NaN-fills its dq, dk and dv instead (bwd_prepost_kernels.h).
+// function, so they agree: such a sequence gets no column, no contribution and no store (the
+// grids, sized by the maxima, do not cover it, and a partial result would be silently wrong),
+// and the preprocess NaN-fills its dq, dk and dv instead (bwd_prepost_kernels.h).
 __device__ __forceinline__ SeqPlace load_seq_place_within(int const* cu_seqlens_q, int const* cu_seqlens_k, int b,
                                                           int max_seqlen_q, int max_seqlen_k) {
   SeqPlace s = load_seq_place(cu_seqlens_q, cu_seqlens_k, b);

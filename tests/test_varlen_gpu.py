@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from dash import reference
+from dash.config import FWD_TILE_CONFIGS
 from dash.api import flash_attn_func, flash_attn_varlen_func
 
 pytestmark = pytest.mark.gpu
@@ -133,10 +134,11 @@ def test_varlen_sequence_longer_than_max_seqlen_q_is_nan(causal):
     (out and lse), and every other row is still right."""
     lengths = [100, 450, 30]
     q, k, v, cu_q, cu_k = _packed(lengths, lengths, 2, 2, 128, torch.bfloat16, _seed("overlong", causal))
-    max_q = 200  # the grid covers rows 0..255 of each sequence (128-row Q tiles at hdim 128, 2 tiles)
+    max_q = 200  # the grid covers the Q tiles of 200 rows: rows 0..255 at hdim 128 (128-row tiles)
     out, lse = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max(lengths), causal=causal,
                                       return_attn_probs=True)
-    grid_rows = -(-max_q // 128) * 128
+    block_m = next(c.block_m for c in FWD_TILE_CONFIGS if c.head_dim == 128 and c.causal == causal)
+    grid_rows = -(-max_q // block_m) * block_m
     beyond = torch.zeros(q.shape[0], dtype=torch.bool, device="cuda")
     beyond[100 + grid_rows:100 + 450] = True
     assert torch.isnan(out[beyond]).all() and torch.isnan(lse[:, beyond]).all()

@@ -8,7 +8,8 @@ A row is one packed batch of 16k tokens (hidden 2048) cut into sequences by a fi
   skewed   one sequence of half the tokens, the rest in sequences of 64..512 tokens, the case
            where the padded grids of the longest sequence cost the most (kernel notes,
            twenty-fifth pass).
-Timed, with grad enabled as in training: the forward, and the forward plus
+Timed (``dash.bench.cuda_time_ms_interleaved``: modes interleaved in rounds, host ahead), with
+grad enabled as in training: the forward, and the forward plus
 ``torch.autograd.grad`` (DASH deterministic ``auto``, and non-deterministic); FA3's varlen
 forward and forward+backward when its module imports. A control times DASH's padded
 ``flash_attn_func`` once per sequence (batch 1 each): the same FLOPs without varlen's padding.
@@ -23,7 +24,6 @@ import argparse
 import datetime
 import json
 import random
-import statistics
 import sys
 from pathlib import Path
 
@@ -58,25 +58,10 @@ def attention_flops(lengths: list[int], heads: int, head_dim: int, causal: bool)
     return sum(4.0 * heads * n * n * head_dim * (0.5 if causal else 1.0) for n in lengths)
 
 
-def _time(fn, iters: int, warmup: int) -> float:
-    import torch
-
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
 def run_row(mix: str, head_dim: int, causal: bool, iters: int, warmup: int) -> dict:
     import torch
 
+    from dash import bench
     from dash.api import flash_attn_func, flash_attn_varlen_func
 
     lengths = lengths_of(mix)
@@ -118,24 +103,22 @@ def run_row(mix: str, head_dim: int, causal: bool, iters: int, warmup: int) -> d
 
     row = {"mix": mix, "lengths": lengths, "head_dim": head_dim, "heads": heads, "causal": causal,
            "fwd_flops": flops, "ms": {}, "tflops": {}, "errors": {}}
+    steps, work = {}, {}
     for name, (forward, with_backward) in modes.items():
         if with_backward:
-            def step(forward=forward):
-                out = forward()
-                torch.autograd.grad(out, (q, k, v), dout)
-            work = 3.5 * flops
+            def step(_, forward=forward):
+                torch.autograd.grad(forward(), (q, k, v), dout)
+            work[name] = 3.5 * flops
         else:
-            def step(forward=forward):
+            def step(_, forward=forward):
                 with torch.no_grad():
                     forward()
-            work = flops
-        try:
-            ms = _time(step, iters, warmup)
-        except Exception as e:  # a library that refuses a row: recorded, the others still run
-            row["errors"][name] = f"{type(e).__name__}: {e}"[:300]
-            continue
-        row["ms"][name] = ms
-        row["tflops"][name] = work / (ms * 1e-3) / 1e12
+            work[name] = flops
+        steps[name] = step
+    # The project's timing (dash.bench): rounds that interleave the modes, host ahead of the GPU;
+    # a mode that raises is recorded in errors and the others go on.
+    row["ms"] = bench.cuda_time_ms_interleaved(steps, [{}], warmup, iters, errors=row["errors"])
+    row["tflops"] = {name: work[name] / (ms * 1e-3) / 1e12 for name, ms in row["ms"].items()}
     return row
 
 

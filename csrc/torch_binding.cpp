@@ -403,6 +403,26 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_trace_cuda(Tensor const& dout, Te
                       /*trace=*/true);
 }
 
+// The forward's outputs and launch, for p filled from q, k, v: out like q (contiguous) and a
+// float32 softmax_lse of `lse_shape`; `packed`: q is varlen (total_q, heads, d), one batch of
+// rows for the kernel's strides.
+std::tuple<Tensor, Tensor> launch_forward(dash::FwdParams& p, Tensor const& q, at::IntArrayRef lse_shape,
+                                          double softmax_scale, bool causal, bool packed) {
+  Tensor out = at::empty_like(q, at::MemoryFormat::Contiguous);
+  Tensor lse = at::empty(lse_shape, q.options().dtype(at::kFloat));
+  Tensor tile_counter = at::empty({1}, q.options().dtype(at::kInt));  // zeroed by run_fwd on the stream
+  p.tile_counter = tile_counter.data_ptr<int>();
+  p.out = out.data_ptr();
+  p.out_strides = bshd_strides(packed ? out.unsqueeze(0) : out);
+  p.lse = lse.data_ptr<float>();
+  p.softmax_scale = float(softmax_scale);
+  p.causal = causal;
+
+  poison_outputs_if_requested({&out, &lse});
+  call_library([&] { dash::run_fwd(p, at::cuda::getCurrentCUDAStream()); });
+  return {out, lse};
+}
+
 // The forward: out (shaped like q, contiguous) and softmax_lse (float32, (batch, heads,
 // seqlen_q)). `deterministic` and `schedule` only travel with the op so that autograd can
 // hand them to the backward (the forward's result never depends on them); the schedule is
@@ -421,19 +441,7 @@ std::tuple<Tensor, Tensor> fwd_cuda(Tensor const& q, Tensor const& k, Tensor con
   dash::FwdParams p;
   pr.fill(p, q, k, v);
 
-  Tensor out = at::empty_like(q, at::MemoryFormat::Contiguous);
-  Tensor lse = at::empty({batch, heads, seqlen_q}, q.options().dtype(at::kFloat));
-  Tensor tile_counter = at::empty({1}, q.options().dtype(at::kInt));  // zeroed by run_fwd on the stream
-  p.tile_counter = tile_counter.data_ptr<int>();
-  p.out = out.data_ptr();
-  p.out_strides = bshd_strides(out);
-  p.lse = lse.data_ptr<float>();
-  p.softmax_scale = float(softmax_scale);
-  p.causal = causal;
-
-  poison_outputs_if_requested({&out, &lse});
-  call_library([&] { dash::run_fwd(p, at::cuda::getCurrentCUDAStream()); });
-  return {out, lse};
+  return launch_forward(p, q, {batch, heads, seqlen_q}, softmax_scale, causal, /*packed=*/false);
 }
 
 // The varlen forward (FA3's flash_attn_varlen_func): q (total_q, heads, d) and k, v (total_k,
@@ -464,19 +472,7 @@ std::tuple<Tensor, Tensor> fwd_varlen_cuda(Tensor const& q, Tensor const& k, Ten
   pr.fill(p, q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0));
   varlen.fill(p, q, k);
 
-  Tensor out = at::empty_like(q, at::MemoryFormat::Contiguous);
-  Tensor lse = at::empty({q.size(1), q.size(0)}, q.options().dtype(at::kFloat));
-  Tensor tile_counter = at::empty({1}, q.options().dtype(at::kInt));  // zeroed by run_fwd on the stream
-  p.tile_counter = tile_counter.data_ptr<int>();
-  p.out = out.data_ptr();
-  p.out_strides = bshd_strides(out.unsqueeze(0));
-  p.lse = lse.data_ptr<float>();
-  p.softmax_scale = float(softmax_scale);
-  p.causal = causal;
-
-  poison_outputs_if_requested({&out, &lse});
-  call_library([&] { dash::run_fwd(p, at::cuda::getCurrentCUDAStream()); });
-  return {out, lse};
+  return launch_forward(p, q, {q.size(1), q.size(0)}, softmax_scale, causal, /*packed=*/true);
 }
 
 // The varlen backward: dq, dk, dv packed like q, k, v. Claimed schedules only (the static

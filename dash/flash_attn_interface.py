@@ -35,8 +35,7 @@ import torch
 from torch import Tensor
 
 from dash.api import flash_attn_func, flash_attn_qkvpacked_func, flash_attn_varlen_func
-from dash.ops import (resolve_deterministic, run_backward, run_backward_varlen, run_forward, run_forward_varlen,
-                      varlen_kernel_schedule)
+from dash.ops import resolve_deterministic, run_backward, run_backward_varlen, run_forward, varlen_kernel_schedule
 from dash.validation import (
     backward_will_run,
     check_bool,
@@ -251,26 +250,16 @@ def _lengths_for_window(max_seqlen_q: object, max_seqlen_k: object) -> tuple[int
 
 def _varlen_forward(q, k, v, out_, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                     window_size_left, window_size_right, sm_margin):
-    """``_flash_attn_forward`` on packed sequences: ``dash::fwd_varlen`` (with autograd when q,
-    k or v require grad)."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        check_tensor(name, t)
-    q, k, v = contiguous_last_dim(q), contiguous_last_dim(k), contiguous_last_dim(v)
+    """``_flash_attn_forward`` on packed sequences: ``flash_attn_varlen_func`` (with autograd
+    when q, k or v require grad) with the window given as two sides, the result copied into
+    ``out_`` when given, and FA3's four return values."""
     is_causal = effective_causal_from_sides(window_size_left, window_size_right, causal, *_lengths_for_window(
         max_seqlen_q, max_seqlen_k))
-    is_causal = validate_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                       softmax_scale=softmax_scale, causal=is_causal, window_size=(-1, -1),
-                                       softcap=0.0, sm_margin=sm_margin, schedule="auto", deterministic=None)
     if out_ is not None:
-        check_output_buffer("out_", out_, q, "q")
-    needs_grad = backward_will_run(q, k, v)
-    deterministic = resolve_deterministic(None, needs_grad)
-    schedule = varlen_kernel_schedule("auto", cu_seqlens_q.shape[0] - 1, q.shape[1], k.shape[1], int(max_seqlen_q),
-                                      int(max_seqlen_k), q.shape[2], is_causal, deterministic, needs_grad)
-    cu_seqlens_q, cu_seqlens_k = (cu.to(q.device, non_blocking=True) for cu in (cu_seqlens_q, cu_seqlens_k))
-    scale = float(softmax_scale) if softmax_scale is not None else q.shape[-1] ** -0.5
-    out, softmax_lse = run_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
-                                          scale, is_causal, deterministic, schedule, int(sm_margin))
+        check_output_buffer("out_", out_, check_tensor("q", q), "q")
+    out, softmax_lse = flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                              softmax_scale=softmax_scale, causal=is_causal, sm_margin=sm_margin,
+                                              return_attn_probs=True)
     if out_ is not None:
         out = out_.copy_(out)
     empty = torch.empty(0, dtype=torch.float32, device=out.device)

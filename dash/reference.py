@@ -346,6 +346,18 @@ def attention_forward(
     return out, lse
 
 
+def _varlen_offsets(cu_seqlens_q: Sequence[int], cu_seqlens_k: Sequence[int], q: Tensor,
+                    k: Tensor) -> Tuple[list, list]:
+    """The offsets as lists of ints, checked: one length, non-decreasing from 0 to the rows of
+    q and of k."""
+    cq, ck = [int(x) for x in cu_seqlens_q], [int(x) for x in cu_seqlens_k]
+    if len(cq) != len(ck) or len(cq) < 2 or cq[0] != 0 or ck[0] != 0 or cq[-1] != q.shape[0] \
+            or ck[-1] != k.shape[0] or any(b < a for a, b in zip(cq, cq[1:])) or any(b < a for a, b in zip(ck, ck[1:])):
+        raise ValueError(f"cu_seqlens_q={cq} / cu_seqlens_k={ck} must be non-decreasing offsets from 0 to the "
+                         f"rows of q ({q.shape[0]}) and k ({k.shape[0]}), of one length")
+    return cq, ck
+
+
 def attention_forward_varlen(
     q: Tensor,
     k: Tensor,
@@ -366,11 +378,7 @@ def attention_forward_varlen(
     Returns ``(out, lse)``: ``out`` ``(total_q, Hq, D)`` in ``compute_dtype``, ``lse``
     ``(Hq, total_q)``; rows of a sequence without keys have ``out = 0`` and ``lse = -inf``.
     """
-    cq, ck = [int(x) for x in cu_seqlens_q], [int(x) for x in cu_seqlens_k]
-    if len(cq) != len(ck) or len(cq) < 2 or cq[0] != 0 or ck[0] != 0 or cq[-1] != q.shape[0] \
-            or ck[-1] != k.shape[0] or any(b < a for a, b in zip(cq, cq[1:])) or any(b < a for a, b in zip(ck, ck[1:])):
-        raise ValueError(f"cu_seqlens_q={cq} / cu_seqlens_k={ck} must be non-decreasing offsets from 0 to the "
-                         f"rows of q ({q.shape[0]}) and k ({k.shape[0]}), of one length")
+    cq, ck = _varlen_offsets(cu_seqlens_q, cu_seqlens_k, q, k)
     scale = _resolve_scale(softmax_scale, q.shape[-1])
     stats = torch.float64 if compute_dtype == torch.float64 else torch.float32
     out = torch.zeros(q.shape[0], q.shape[1], v.shape[-1], dtype=compute_dtype, device=q.device)
@@ -505,7 +513,7 @@ def attention_backward_varlen(
     ``dout``, ``out``: ``(total_q, Hq, Dv)``; ``lse``: ``(Hq, total_q)``. Returns ``(dq, dk,
     dv)`` packed like ``q``, ``k``, ``v``; rows of a sequence without queries or keys get 0.
     """
-    cq, ck = [int(x) for x in cu_seqlens_q], [int(x) for x in cu_seqlens_k]
+    cq, ck = _varlen_offsets(cu_seqlens_q, cu_seqlens_k, q, k)
     dq = torch.zeros(q.shape, dtype=compute_dtype, device=q.device)
     dk = torch.zeros(k.shape, dtype=compute_dtype, device=k.device)
     dv = torch.zeros(v.shape, dtype=compute_dtype, device=v.device)

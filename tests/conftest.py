@@ -131,7 +131,6 @@ def cpu_as_sm90(monkeypatch):
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
 
     monkeypatch.setattr(api, "run_forward_varlen", run_forward_varlen)
-    monkeypatch.setattr(fai, "run_forward_varlen", run_forward_varlen)
     monkeypatch.setattr(fai, "run_backward_varlen", run_backward_varlen)
     validation._VALID_CALLS.clear()  # CPU keys must not outlive the patched device checks
     yield calls

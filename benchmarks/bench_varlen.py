@@ -58,7 +58,7 @@ def attention_flops(lengths: list[int], heads: int, head_dim: int, causal: bool)
     return sum(4.0 * heads * n * n * head_dim * (0.5 if causal else 1.0) for n in lengths)
 
 
-def run_row(mix: str, head_dim: int, causal: bool, iters: int, warmup: int) -> dict:
+def run_row(mix: str, head_dim: int, causal: bool, iters: int, warmup: int, with_fa3: bool = True) -> dict:
     import torch
 
     from dash import bench
@@ -89,6 +89,8 @@ def run_row(mix: str, head_dim: int, causal: bool, iters: int, warmup: int) -> d
 
     modes["dash_per_sequence_det"] = (per_sequence, True)
     try:
+        if not with_fa3:
+            raise ImportError("--no-fa3")
         import flash_attn_interface as fa3
 
         def fa3_varlen(det):
@@ -130,6 +132,9 @@ def main(argv=None) -> int:
     p.add_argument("--mix", nargs="*", choices=["uniform", "skewed"], default=["uniform", "skewed"])
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--fa3", action=argparse.BooleanOptionalAction, default=True,
+                   help="time FA3's varlen when flash_attn_interface imports (default); it must be built with "
+                        "varlen (an FA3 built with FLASH_ATTENTION_DISABLE_VARLEN crashes the process on the call)")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = p.parse_args(argv)
     if _bench.refuse_without_gpu("bench_varlen.py"):
@@ -137,7 +142,8 @@ def main(argv=None) -> int:
     import torch
 
     masks = [args.causal] if args.causal is not None else [False, True]
-    rows = [run_row(mix, d, c, args.iters, args.warmup) for mix in args.mix for d in args.hdim for c in masks]
+    rows = [run_row(mix, d, c, args.iters, args.warmup, args.fa3) for mix in args.mix for d in args.hdim
+            for c in masks]
     names = sorted({n for r in rows for n in r["tflops"]})
     print(f"{'row':<28}" + "".join(f"{n:>24}" for n in names))
     for r in rows:

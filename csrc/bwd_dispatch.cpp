@@ -8,6 +8,7 @@
 
 #include "generated/dispatch.h"
 #include "generated/tile_config.h"
+#include "kernels/varlen.h"
 
 namespace cutlass {
 struct bfloat16_t;
@@ -24,13 +25,18 @@ BwdWorkspaceSizes bwd_workspace_sizes_for(BwdParams const& p) {
   constexpr int kHeadDim = Cfg::kHeadDim;
   size_t const m_blocks = size_t((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM);
   size_t const bh = size_t(p.batch) * p.num_heads;
+  // Q tiles of the workspace: (batch, heads, the longest sequence's tiles), or varlen per head
+  // the sequences' tiles one after another (kernels/varlen.h).
+  size_t const tiles = p.cu_seqlens_q != nullptr
+                           ? size_t(p.num_heads) * size_t(varlen_tiles_per_head(p.total_q, p.batch, Cfg::kBlockM))
+                           : bh * m_blocks;
   BwdWorkspaceSizes w;
-  w.lse_log2_floats = bh * m_blocks * Cfg::kBlockM;
+  w.lse_log2_floats = tiles * Cfg::kBlockM;
   w.dpsum_floats = w.lse_log2_floats;
   // Deterministic runs accumulate each dQ tile in kdQChains chains (config.py, dq_chains).
   size_t const chains = p.deterministic ? Cfg::kdQChains : 1;
-  w.dq_accum_floats = chains * bh * m_blocks * Cfg::kBlockM * kHeadDim;
-  w.semaphore_ints = chains * bh * m_blocks;
+  w.dq_accum_floats = chains * tiles * Cfg::kBlockM * kHeadDim;
+  w.semaphore_ints = chains * tiles;
   return w;
 }
 

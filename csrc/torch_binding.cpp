@@ -207,49 +207,116 @@ void call_library(F&& f) {
   }
 }
 
+// flash_attn_varlen_func's batch description (FwdParams / BwdParams): int32 offsets of the
+// sequences in the packed rows and the longest lengths. Its checks (values are not read on the
+// host: that would synchronise; the Python layer checks offsets on the CPU).
+struct VarlenBatch {
+  Tensor cu_seqlens_q, cu_seqlens_k;
+  int64_t max_seqlen_q = 0, max_seqlen_k = 0;
+
+  int64_t batch() const { return cu_seqlens_q.size(0) - 1; }
+
+  void check(char const* op, Tensor const& q, Tensor const& k) const {
+    for (auto const& [name, t] :
+         {std::pair<char const*, Tensor const*>{"cu_seqlens_q", &cu_seqlens_q}, {"cu_seqlens_k", &cu_seqlens_k}}) {
+      TORCH_CHECK(t->scalar_type() == at::kInt, op, ": ", name, " must be int32, got ", t->scalar_type());
+      TORCH_CHECK(t->dim() == 1 && t->size(0) >= 2, op, ": ", name,
+                  " must be 1-D with batch + 1 >= 2 entries, got shape ", t->sizes());
+      TORCH_CHECK(t->device() == q.device(), op, ": ", name, " is on ", t->device(), " but q on ", q.device());
+      TORCH_CHECK(t->is_contiguous(), op, ": ", name, " must be contiguous");
+    }
+    TORCH_CHECK(cu_seqlens_q.size(0) == cu_seqlens_k.size(0), op, ": cu_seqlens_q has ", cu_seqlens_q.size(0),
+                " entries and cu_seqlens_k ", cu_seqlens_k.size(0), "; both must be batch + 1");
+    TORCH_CHECK(max_seqlen_q >= 1 && max_seqlen_q < (1 << 30) && max_seqlen_k >= 1 && max_seqlen_k < (1 << 30), op,
+                ": max_seqlen_q=", max_seqlen_q, " and max_seqlen_k=", max_seqlen_k, " must each be in [1, 2^30)");
+    TORCH_CHECK(q.size(0) < (int64_t(1) << 31) && k.size(0) < (int64_t(1) << 31), op, ": total_q=", q.size(0),
+                " and total_k=", k.size(0), " must each be below 2^31");
+  }
+
+  // The packed problem as `pr` (checked as one batch of total rows) describes it, made varlen.
+  template <class Params>
+  void fill(Params& p, Tensor const& q, Tensor const& k) const {
+    p.batch = int(batch());
+    p.seqlen_q = int(max_seqlen_q);
+    p.seqlen_k = int(max_seqlen_k);
+    p.total_q = int(q.size(0));
+    p.total_k = int(k.size(0));
+    p.cu_seqlens_q = cu_seqlens_q.data_ptr<int>();
+    p.cu_seqlens_k = cu_seqlens_k.data_ptr<int>();
+  }
+
+  std::string label(Tensor const& q, bool causal) const {
+    return "hd" + std::to_string(q.size(2)) + (q.scalar_type() == at::kHalf ? " fp16" : " bf16") +
+           (causal ? " causal" : " full") + " varlen b" + std::to_string(batch()) + " h" + std::to_string(q.size(1)) +
+           " maxsq" + std::to_string(max_seqlen_q) + " maxsk" + std::to_string(max_seqlen_k);
+  }
+};
+
 // The backward; with `trace`, also the per-step trace as an int64 (steps, 8) tensor of
-// dash::BwdTraceRecord rows (unwritten rows stay -1).
+// dash::BwdTraceRecord rows (unwritten rows stay -1). With `varlen` (dash.bwd_varlen) the
+// tensors are packed (total rows, heads, head_dim) and softmax_lse is (heads, total_q).
 std::tuple<Tensor, Tensor, Tensor, Tensor> run_backward(Tensor const& dout_in, Tensor const& q, Tensor const& k,
                                                         Tensor const& v, Tensor const& out_in,
                                                         Tensor const& softmax_lse,
                                                         double softmax_scale, bool causal, bool deterministic,
-                                                        c10::string_view schedule, int64_t sm_margin, bool trace) {
-  dash::BwdScheduleKind const kind = parse_schedule("dash.bwd", schedule, causal);
+                                                        c10::string_view schedule, int64_t sm_margin, bool trace,
+                                                        VarlenBatch const* varlen = nullptr) {
+  char const* op = varlen ? "dash.bwd_varlen" : "dash.bwd";
+  dash::BwdScheduleKind const kind = parse_schedule(op, schedule, causal);
+  int64_t const dims = varlen ? 3 : 4;
   for (auto const* t : {&dout_in, &q, &k, &v, &out_in}) {
-    TORCH_CHECK(t->dim() == 4, "dash.bwd: q, k, v, out, dout must have 4 dims (batch, seqlen, heads, head_dim), got ",
-                t->sizes());
+    TORCH_CHECK(t->dim() == dims, op, ": q, k, v, out, dout must have ",
+                varlen ? "3 dims (total_tokens, heads, head_dim)" : "4 dims (batch, seqlen, heads, head_dim)",
+                ", got ", t->sizes());
   }
+  if (varlen) {
+    varlen->check(op, q, k);
+    TORCH_CHECK(!trace, op, ": no trace of a varlen backward");
+    TORCH_CHECK(kind != dash::BwdScheduleKind::kShift, op,
+                ": schedule 'shift' is not built for varlen batches; use 'fa3', 'interleaved', 'descending' or 'auto'");
+  }
+  // Varlen tensors as one batch of total rows, for the checks and strides of the padded op.
+  auto as_bshd = [&](Tensor const& t) { return varlen ? t.unsqueeze(0) : t; };
   // Opened before the GQA accumulators are zero-filled, so those fills count as the op's.
-  NvtxRange range("dash.bwd " + problem_label(q, k, causal) + (deterministic ? " det " : " nondet ") +
-                  std::string(schedule) + (trace ? " trace" : ""));
+  NvtxRange range(std::string(op) + " " + (varlen ? varlen->label(q, causal) : problem_label(q, k, causal)) +
+                  (deterministic ? " det " : " nondet ") + std::string(schedule) + (trace ? " trace" : ""));
   c10::cuda::CUDAGuard device_guard(q.device());
-  Problem const pr = check_problem("dash.bwd", q, k, v, sm_margin);
+  Problem const pr = check_problem(op, as_bshd(q), as_bshd(k), as_bshd(v), sm_margin);
   for (auto const& [name, t] : {std::pair<char const*, Tensor const*>{"out", &out_in}, {"dout", &dout_in}}) {
-    TORCH_CHECK(t->is_cuda() && t->device() == q.device(), "dash.bwd: ", name, " must be on q's device (",
+    TORCH_CHECK(t->is_cuda() && t->device() == q.device(), op, ": ", name, " must be on q's device (",
                 q.device(), "), got ", t->device());
-    TORCH_CHECK(t->scalar_type() == q.scalar_type(), "dash.bwd: ", name, " must have q's dtype (", q.scalar_type(),
+    TORCH_CHECK(t->scalar_type() == q.scalar_type(), op, ": ", name, " must have q's dtype (", q.scalar_type(),
                 "), got ", t->scalar_type());
-    TORCH_CHECK(t->sizes() == q.sizes(), "dash.bwd: ", name, " must have q's shape ", q.sizes(), ", got ",
+    TORCH_CHECK(t->sizes() == q.sizes(), op, ": ", name, " must have q's shape ", q.sizes(), ", got ",
                 t->sizes());
   }
   Tensor const out = tma_ready(out_in);
   Tensor const dout = tma_ready(dout_in);
-  check_bshd("dash.bwd", out, "out");
-  check_bshd("dash.bwd", dout, "dout");
-  int64_t const batch = pr.batch, seqlen_q = pr.seqlen_q, heads = pr.heads, head_dim = pr.head_dim;
-  int64_t const seqlen_k = pr.seqlen_k, heads_k = pr.heads_k;
-  TORCH_CHECK(softmax_lse.scalar_type() == at::kFloat && softmax_lse.dim() == 3 && softmax_lse.size(0) == batch &&
-                  softmax_lse.size(1) == heads && softmax_lse.size(2) == seqlen_q && softmax_lse.stride(2) == 1,
-              "dash.bwd: softmax_lse must be float32 (batch, heads, seqlen_q) = (", batch, ", ", heads, ", ", seqlen_q,
-              ") with unit seqlen stride, got ", softmax_lse.scalar_type(), " ", softmax_lse.sizes(), " strides ",
-              softmax_lse.strides());
-  TORCH_CHECK(softmax_lse.device() == q.device(), "dash.bwd: softmax_lse must be on q's device (", q.device(),
+  check_bshd(op, as_bshd(out), "out");
+  check_bshd(op, as_bshd(dout), "dout");
+  int64_t const batch = varlen ? varlen->batch() : pr.batch, seqlen_q = pr.seqlen_q, heads = pr.heads;
+  int64_t const heads_k = pr.heads_k;
+  if (varlen) {
+    TORCH_CHECK(softmax_lse.scalar_type() == at::kFloat && softmax_lse.dim() == 2 && softmax_lse.size(0) == heads &&
+                    softmax_lse.size(1) == seqlen_q && softmax_lse.stride(1) == 1,
+                op, ": softmax_lse must be float32 (heads, total_q) = (", heads, ", ", seqlen_q,
+                ") with unit row stride, got ", softmax_lse.scalar_type(), " ", softmax_lse.sizes(), " strides ",
+                softmax_lse.strides());
+  } else {
+    TORCH_CHECK(softmax_lse.scalar_type() == at::kFloat && softmax_lse.dim() == 3 && softmax_lse.size(0) == batch &&
+                    softmax_lse.size(1) == heads && softmax_lse.size(2) == seqlen_q && softmax_lse.stride(2) == 1,
+                op, ": softmax_lse must be float32 (batch, heads, seqlen_q) = (", batch, ", ", heads, ", ", seqlen_q,
+                ") with unit seqlen stride, got ", softmax_lse.scalar_type(), " ", softmax_lse.sizes(), " strides ",
+                softmax_lse.strides());
+  }
+  TORCH_CHECK(softmax_lse.device() == q.device(), op, ": softmax_lse must be on q's device (", q.device(),
               "), got ", softmax_lse.device());
-  TORCH_CHECK(batch <= 65535 && heads <= 65535, "dash.bwd: batch (", batch, ") and heads (", heads,
+  TORCH_CHECK(batch <= 65535 && heads <= 65535, op, ": batch (", batch, ") and heads (", heads,
               ") must each be at most 65535");
 
   dash::BwdParams p;
-  pr.fill(p, q, k, v);
+  pr.fill(p, as_bshd(q), as_bshd(k), as_bshd(v));
+  if (varlen) { varlen->fill(p, q, k); }  // batch and the longest lengths size the grids below
   // Before any sizing call below: the tile shape (bwd_block_n) may depend on the mask.
   p.causal = causal;
   p.deterministic = deterministic;
@@ -263,32 +330,33 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> run_backward(Tensor const& dout_in, T
     // The kernel reduce-adds every query head's dK/dV into fp32 accumulators of its KV
     // head (in query-head order when deterministic); one cast at the end.
     auto const f32 = k.options().dtype(at::kFloat);
-    dk_accum = at::zeros({batch, seqlen_k, heads_k, head_dim}, f32);
-    dv_accum = at::zeros({batch, seqlen_k, heads_k, head_dim}, f32);
+    dk_accum = at::zeros(k.sizes(), f32);  // (batch, seqlen_k, heads_k, d), or varlen (total_k, heads_k, d)
+    dv_accum = at::zeros(k.sizes(), f32);
     int64_t const block_n = dash::bwd_block_n(p);
-    dkv_semaphore = at::zeros({batch * heads_k * ((seqlen_k + block_n - 1) / block_n)}, k.options().dtype(at::kInt));
+    int64_t const n_blocks = (int64_t(p.seqlen_k) + block_n - 1) / block_n;  // varlen: the longest sequence's
+    dkv_semaphore = at::zeros({batch * heads_k * n_blocks}, k.options().dtype(at::kInt));
     p.dk_accum = dk_accum.data_ptr<float>();
     p.dv_accum = dv_accum.data_ptr<float>();
-    p.dkv_accum_strides = bshd_strides(dk_accum);
+    p.dkv_accum_strides = bshd_strides(as_bshd(dk_accum));
     p.dkv_semaphore = dkv_semaphore.data_ptr<int>();
   } else {
     dk = at::empty_like(k);
     dv = at::empty_like(v);
     p.dk = dk.data_ptr();
     p.dv = dv.data_ptr();
-    p.dk_strides = bshd_strides(dk);
-    p.dv_strides = bshd_strides(dv);
+    p.dk_strides = bshd_strides(as_bshd(dk));
+    p.dv_strides = bshd_strides(as_bshd(dv));
   }
 
   p.out = out.data_ptr();
   p.dout = dout.data_ptr();
-  p.out_strides = bshd_strides(out);
-  p.dout_strides = bshd_strides(dout);
+  p.out_strides = bshd_strides(as_bshd(out));
+  p.dout_strides = bshd_strides(as_bshd(dout));
   p.dq = dq.data_ptr();
-  p.dq_strides = bshd_strides(dq);
+  p.dq_strides = bshd_strides(as_bshd(dq));
   p.lse = softmax_lse.data_ptr<float>();
-  p.lse_batch_stride = softmax_lse.stride(0);
-  p.lse_head_stride = softmax_lse.stride(1);
+  p.lse_batch_stride = varlen ? 0 : softmax_lse.stride(0);
+  p.lse_head_stride = varlen ? softmax_lse.stride(0) : softmax_lse.stride(1);
   p.softmax_scale = float(softmax_scale);
 
   Tensor workspace = at::empty({int64_t(dash::bwd_workspace_bytes(p) / 4)}, q.options().dtype(at::kFloat));
@@ -335,6 +403,26 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_trace_cuda(Tensor const& dout, Te
                       /*trace=*/true);
 }
 
+// The forward's outputs and launch, for p filled from q, k, v: out like q (contiguous) and a
+// float32 softmax_lse of `lse_shape`; `packed`: q is varlen (total_q, heads, d), one batch of
+// rows for the kernel's strides.
+std::tuple<Tensor, Tensor> launch_forward(dash::FwdParams& p, Tensor const& q, at::IntArrayRef lse_shape,
+                                          double softmax_scale, bool causal, bool packed) {
+  Tensor out = at::empty_like(q, at::MemoryFormat::Contiguous);
+  Tensor lse = at::empty(lse_shape, q.options().dtype(at::kFloat));
+  Tensor tile_counter = at::empty({1}, q.options().dtype(at::kInt));  // zeroed by run_fwd on the stream
+  p.tile_counter = tile_counter.data_ptr<int>();
+  p.out = out.data_ptr();
+  p.out_strides = bshd_strides(packed ? out.unsqueeze(0) : out);
+  p.lse = lse.data_ptr<float>();
+  p.softmax_scale = float(softmax_scale);
+  p.causal = causal;
+
+  poison_outputs_if_requested({&out, &lse});
+  call_library([&] { dash::run_fwd(p, at::cuda::getCurrentCUDAStream()); });
+  return {out, lse};
+}
+
 // The forward: out (shaped like q, contiguous) and softmax_lse (float32, (batch, heads,
 // seqlen_q)). `deterministic` and `schedule` only travel with the op so that autograd can
 // hand them to the backward (the forward's result never depends on them); the schedule is
@@ -353,19 +441,52 @@ std::tuple<Tensor, Tensor> fwd_cuda(Tensor const& q, Tensor const& k, Tensor con
   dash::FwdParams p;
   pr.fill(p, q, k, v);
 
-  Tensor out = at::empty_like(q, at::MemoryFormat::Contiguous);
-  Tensor lse = at::empty({batch, heads, seqlen_q}, q.options().dtype(at::kFloat));
-  Tensor tile_counter = at::empty({1}, q.options().dtype(at::kInt));  // zeroed by run_fwd on the stream
-  p.tile_counter = tile_counter.data_ptr<int>();
-  p.out = out.data_ptr();
-  p.out_strides = bshd_strides(out);
-  p.lse = lse.data_ptr<float>();
-  p.softmax_scale = float(softmax_scale);
-  p.causal = causal;
+  return launch_forward(p, q, {batch, heads, seqlen_q}, softmax_scale, causal, /*packed=*/false);
+}
 
-  poison_outputs_if_requested({&out, &lse});
-  call_library([&] { dash::run_fwd(p, at::cuda::getCurrentCUDAStream()); });
-  return {out, lse};
+// The varlen forward (FA3's flash_attn_varlen_func): q (total_q, heads, d) and k, v (total_k,
+// heads_k, d) hold the sequences packed along the rows (VarlenBatch). Returns out (total_q,
+// heads, d), contiguous, and softmax_lse (heads, total_q) float32, FA3's varlen layout. A
+// sequence longer than max_seqlen_q gets NaN in its rows past it (FwdParams). `deterministic`
+// and `schedule` travel with the op for its backward (dash.bwd_varlen), as dash.fwd's do.
+std::tuple<Tensor, Tensor> fwd_varlen_cuda(Tensor const& q, Tensor const& k, Tensor const& v,
+                                           Tensor const& cu_seqlens_q, Tensor const& cu_seqlens_k,
+                                           int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale,
+                                           bool causal, bool deterministic, c10::string_view schedule,
+                                           int64_t sm_margin) {
+  char const* op = "dash.fwd_varlen";
+  (void)deterministic;
+  dash::BwdScheduleKind const kind = parse_schedule(op, schedule, causal);
+  TORCH_CHECK(kind != dash::BwdScheduleKind::kShift, op,
+              ": schedule 'shift' is not built for varlen batches; use 'fa3', 'interleaved', 'descending' or 'auto'");
+  for (auto const& [name, t] : {std::pair<char const*, Tensor const*>{"q", &q}, {"k", &k}, {"v", &v}}) {
+    TORCH_CHECK(t->dim() == 3, op, ": ", name, " must have 3 dims (total_tokens, heads, head_dim), got ", t->dim());
+  }
+  VarlenBatch const varlen{cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k};
+  varlen.check(op, q, k);
+  NvtxRange range(std::string(op) + " " + varlen.label(q, causal));
+  c10::cuda::CUDAGuard device_guard(q.device());
+  // The packed tensors as one batch of total rows: the checks of the padded forward apply.
+  Problem const pr = check_problem(op, q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), sm_margin);
+  dash::FwdParams p;
+  pr.fill(p, q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0));
+  varlen.fill(p, q, k);
+
+  return launch_forward(p, q, {q.size(1), q.size(0)}, softmax_scale, causal, /*packed=*/true);
+}
+
+// The varlen backward: dq, dk, dv packed like q, k, v. Claimed schedules only (the static
+// shift waves assume equal heads).
+std::tuple<Tensor, Tensor, Tensor> bwd_varlen_cuda(Tensor const& dout, Tensor const& q, Tensor const& k,
+                                                   Tensor const& v, Tensor const& out, Tensor const& softmax_lse,
+                                                   Tensor const& cu_seqlens_q, Tensor const& cu_seqlens_k,
+                                                   int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale,
+                                                   bool causal, bool deterministic, c10::string_view schedule,
+                                                   int64_t sm_margin) {
+  VarlenBatch const varlen{cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k};
+  auto r = run_backward(dout, q, k, v, out, softmax_lse, softmax_scale, causal, deterministic, schedule, sm_margin,
+                        /*trace=*/false, &varlen);
+  return {std::get<0>(r), std::get<1>(r), std::get<2>(r)};
 }
 
 }  // namespace
@@ -374,6 +495,16 @@ TORCH_LIBRARY_FRAGMENT(dash, m) {
   m.def(
       "fwd(Tensor q, Tensor k, Tensor v, float softmax_scale, bool causal, bool deterministic, str schedule, "
       "int sm_margin) -> (Tensor out, Tensor softmax_lse)");
+  // The same on variable-length sequences packed along the rows (FA3's varlen layout); the
+  // forward's autograd (dash.ops) runs bwd_varlen.
+  m.def(
+      "fwd_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, "
+      "int max_seqlen_k, float softmax_scale, bool causal, bool deterministic, str schedule, int sm_margin) -> "
+      "(Tensor out, Tensor softmax_lse)");
+  m.def(
+      "bwd_varlen(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, Tensor cu_seqlens_q, "
+      "Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float softmax_scale, bool causal, bool deterministic, "
+      "str schedule, int sm_margin) -> (Tensor dq, Tensor dk, Tensor dv)");
   m.def(
       "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, float softmax_scale, "
       "bool causal, bool deterministic, str schedule, int sm_margin) -> (Tensor dq, Tensor dk, Tensor dv)");
@@ -386,6 +517,8 @@ TORCH_LIBRARY_FRAGMENT(dash, m) {
 
 TORCH_LIBRARY_IMPL(dash, CUDA, m) {
   m.impl("fwd", &fwd_cuda);
+  m.impl("fwd_varlen", &fwd_varlen_cuda);
+  m.impl("bwd_varlen", &bwd_varlen_cuda);
   m.impl("bwd", &bwd_cuda);
   m.impl("bwd_trace", &bwd_trace_cuda);
 }

@@ -55,6 +55,10 @@ def run(args: argparse.Namespace) -> int:
               f"among these, under a causal mask among {', '.join(CAUSAL_KERNEL_CANDIDATES)})"
               + (f"; {', '.join(other)} (full mask only; bits depend on the SM count)" if other else "")
               + f", for head dims {info.get('head_dims')}")
+        from dash.validation import VARLEN_KERNEL_SCHEDULES
+
+        varlen = [s for s in schedules if s in VARLEN_KERNEL_SCHEDULES]
+        print(f"  varlen      : flash_attn_varlen_func, forward and backward (schedules {', '.join(varlen)})")
     else:
         print(f"  kernels     : NOT built: {info.get('reason_not_built')}")
     print(f"  built with  : torch {info.get('torch')} (CUDA {info.get('torch_cuda')}), {info.get('nvcc', 'no nvcc')}, "

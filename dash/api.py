@@ -17,7 +17,8 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
-from dash.ops import forward_kernel_schedule, resolve_deterministic, run_backward, run_forward
+from dash.ops import (forward_kernel_schedule, resolve_deterministic, run_backward, run_forward,
+                      run_forward_varlen, varlen_kernel_schedule)
 from dash.validation import (
     TMA_ALIGN_BYTES,
     backward_will_run,
@@ -29,6 +30,7 @@ from dash.validation import (
     require_kernels_unless_tracing,
     validate_backward_inputs,
     validate_for_launch,
+    validate_varlen_inputs,
 )
 
 __all__ = ["attention_backward", "flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_varlen_func"]
@@ -203,9 +205,73 @@ def flash_attn_qkvpacked_func(
                            attention_chunk, softcap, 1, None, deterministic, sm_margin, return_attn_probs, schedule)
 
 
-def flash_attn_varlen_func(*args, **kwargs):
-    """FA3's variable-length API: not supported yet."""
-    raise NotImplementedError(
-        "flash_attn_varlen_func (variable-length sequences) is not supported yet; pad to a batch and use "
-        "flash_attn_func"
-    )
+def flash_attn_varlen_func(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    seqused_q: Optional[Tensor] = None,
+    seqused_k: Optional[Tensor] = None,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    qv: Optional[Tensor] = None,
+    q_descale: Optional[Tensor] = None,
+    k_descale: Optional[Tensor] = None,
+    v_descale: Optional[Tensor] = None,
+    window_size: Sequence[int] = (-1, -1),
+    attention_chunk: int = 0,
+    softcap: float = 0.0,
+    num_splits: int = 1,
+    pack_gqa: Optional[bool] = None,
+    deterministic: Optional[bool] = None,
+    sm_margin: int = 0,
+    return_attn_probs: bool = False,
+    schedule: str = "auto",
+):
+    """FA3's variable-length attention (same arguments and order as FA3's, ``schedule`` last),
+    forward and backward on DASH's Hopper kernels.
+
+    q: (total_q, heads, head_dim) and k, v: (total_k, heads_kv, head_dim) hold the batch's
+    sequences packed along the rows: sequence b is rows ``cu_seqlens_q[b]:cu_seqlens_q[b+1]`` of
+    q and ``cu_seqlens_k[b]:cu_seqlens_k[b+1]`` of k and v (int32 offsets, batch + 1 of them,
+    from 0 to the number of rows). ``max_seqlen_q`` / ``max_seqlen_k``: the longest sequence's
+    lengths (ints). causal=True aligns the mask to the bottom-right corner of each sequence.
+
+    Offsets on the GPU are not read on the host (that would synchronise), so, as in FA3, their
+    values are the caller's contract; offsets on the CPU are checked and copied to q's device.
+    A sequence longer than ``max_seqlen_q`` comes out NaN in its rows past that length (out
+    and softmax_lse), and one longer than ``max_seqlen_q`` or ``max_seqlen_k`` gets NaN for all
+    its dq, dk, dv: never unwritten memory. As in FA3, rows of q, k, v outside every sequence
+    (between or after them) must hold finite values: a tile that reaches into them multiplies
+    them by exact zeros.
+
+    deterministic, schedule: as in ``flash_attn_func``, for the backward; the varlen backward
+    runs the claimed schedules (``fa3``, ``interleaved``, ``descending``; "auto" picks among
+    them with the longest lengths), not ``shift``. seqused_q / seqused_k, qv, FP8 descales,
+    attention_chunk, softcap, sliding windows and num_splits > 1 raise NotImplementedError.
+
+    Returns out (total_q, heads, head_dim), or (out, softmax_lse) with return_attn_probs=True;
+    softmax_lse is float32 (heads, total_q), FA3's varlen layout (natural log; -inf for rows
+    that see no key, whose out is 0). As in flash_attn_func, no gradient flows through it."""
+    reject_unsupported_fa3_arguments(seqused_q=seqused_q, seqused_k=seqused_k, qv=qv, q_descale=q_descale,
+                                     k_descale=k_descale, v_descale=v_descale, attention_chunk=attention_chunk,
+                                     num_splits=num_splits, softcap=softcap)
+    flag = torch.are_deterministic_algorithms_enabled()
+    q, k, v = contiguous_last_dim(q), contiguous_last_dim(k), contiguous_last_dim(v)
+    is_causal = validate_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                       softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+                                       softcap=softcap, sm_margin=sm_margin, schedule=schedule,
+                                       deterministic=deterministic)
+    needs_grad = backward_will_run(q, k, v)
+    det = resolve_deterministic(deterministic, needs_grad, flag)
+    kernel_schedule = varlen_kernel_schedule(schedule, cu_seqlens_q.shape[0] - 1, q.shape[1], k.shape[1],
+                                             int(max_seqlen_q), int(max_seqlen_k), q.shape[2], is_causal, det,
+                                             needs_grad)
+    cu_seqlens_q, cu_seqlens_k = (cu.to(q.device, non_blocking=True) for cu in (cu_seqlens_q, cu_seqlens_k))
+    scale = float(softmax_scale) if softmax_scale is not None else q.shape[-1] ** -0.5
+    out, lse = run_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), scale,
+                                  is_causal, det, kernel_schedule, int(sm_margin))
+    return (out, lse) if return_attn_probs else out

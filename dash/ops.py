@@ -10,6 +10,10 @@ Ops (registered with ``torch.library`` so ``torch.compile`` traces them):
   ``dash::bwd`` through the dispatcher, so torch.compile traces both ops. The LSE output
   gets no gradient, as in FA3: a gradient arriving at it is ignored (see
   ``dash.api.flash_attn_func``).
+* ``dash::fwd_varlen`` / ``dash::bwd_varlen`` -- the same forward and backward on
+  variable-length sequences packed along the rows (FA3's ``flash_attn_varlen_func``): out
+  (total_q, heads, head_dim) and lse (heads, total_q); the forward's autograd (registered
+  here, in Python) runs ``dash::bwd_varlen`` with the claimed schedules.
 * ``dash::bwd``  -- DASH's Hopper backward (C++/CUDA, registered by ``dash._C``),
   deterministic or not; ``dash::bwd_trace`` is the same with the kernel's step trace. This
   module gives both their fake (meta) implementations.
@@ -159,6 +163,37 @@ if _ext.kernels_available():  # the C++ schemas exist only when dash._C loaded
     # (csrc/autograd.cpp): a Python one cost more host time per call than the kernels.
     torch.library.register_fake("dash::fwd")(_fwd_fake)
 
+    @torch.library.register_fake("dash::fwd_varlen")
+    def _fwd_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                         deterministic, schedule, sm_margin):
+        return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty(
+            (q.shape[1], q.shape[0]), dtype=torch.float32
+        )
+
+    @torch.library.register_fake("dash::bwd_varlen")
+    def _bwd_varlen_fake(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                         softmax_scale, causal, deterministic, schedule, sm_margin):
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+    # The varlen forward's autograd, in Python (dash::fwd's is C++ for its host time at tiny
+    # shapes; a packed batch is a training-sized call). As for dash::fwd, no gradient flows
+    # through softmax_lse: a gradient arriving there is ignored.
+    def _fwd_varlen_setup_context(ctx, inputs, output):
+        q, k, v, cu_seqlens_q, cu_seqlens_k = inputs[:5]
+        out, lse = output
+        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+        ctx.options = inputs[5:]  # max_seqlen_q, max_seqlen_k, softmax_scale, causal, deterministic, schedule, sm_margin
+
+    def _fwd_varlen_backward(ctx, dout, dlse):
+        q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+        if dout is None:
+            dout = torch.zeros_like(out)
+        dq, dk, dv = torch.ops.dash.bwd_varlen(dout.contiguous(), q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+                                               *ctx.options)
+        return (dq, dk, dv) + (None,) * 9
+
+    torch.library.register_autograd("dash::fwd_varlen", _fwd_varlen_backward, setup_context=_fwd_varlen_setup_context)
+
     @torch.library.register_fake("dash::bwd")
     def _bwd_fake(dout, q, k, v, out, softmax_lse, softmax_scale, causal, deterministic, schedule, sm_margin):
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
@@ -196,6 +231,59 @@ def run_forward(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: b
     kernel_schedule = forward_kernel_schedule(schedule, q, k, v, causal, deterministic, sm_margin)
     # The autograd registered on dash::fwd in C++ is the user path's autograd node.
     return torch.ops.dash.fwd(q, k, v, float(softmax_scale), causal, deterministic, kernel_schedule, int(sm_margin))
+
+
+def _next_power_of_two(x: int) -> int:
+    return 1 << max(int(x) - 1, 0).bit_length()
+
+
+def varlen_kernel_schedule(schedule: str, batch: int, heads: int, heads_kv: int, max_seqlen_q: int,
+                           max_seqlen_k: int, head_dim: int, causal: bool, deterministic: bool,
+                           needs_grad: bool) -> str:
+    """The kernel schedule of a varlen batch's backward: ``schedule`` as given, or for "auto"
+    the padded problem's choice (``resolve_schedule``'s rules on the longest lengths, ranked
+    deterministically on power-of-two buckets of them and of the batch) among the claimed
+    schedules, which are the ones built for varlen: deterministic ``auto`` only ever
+    picks portable (claimed) ones; the non-deterministic rule's ``shift`` becomes ``fa3``, its
+    fallback there. "fa3" when no backward will run (nothing uses it)."""
+    if schedule != "auto":
+        return schedule
+    if not needs_grad:
+        return "fa3"
+    if deterministic:
+        # Ranked on power-of-two buckets of the batch and the longest lengths: they change from
+        # step to step in varlen training, and the model costs up to a second per new shape
+        # (it is cached per shape). The choice stays a function of the call's arguments.
+        batch, heads, heads_kv, head_dim = (_specialized_int(x) for x in (batch, heads, heads_kv, head_dim))
+        bucket = _next_power_of_two
+        return _auto_schedule(bucket(batch), heads, heads_kv, bucket(max_seqlen_q), bucket(max_seqlen_k), head_dim,
+                              bool(causal))
+    from dash.schedules.auto import nondeterministic_kernel_schedule
+
+    chosen = nondeterministic_kernel_schedule(max_seqlen_q, max_seqlen_k, _specialized_int(head_dim), bool(causal),
+                                              132)
+    return "fa3" if chosen == "shift" else chosen
+
+
+def run_forward_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+                       max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool, deterministic: bool,
+                       schedule: str, sm_margin: int) -> tuple[Tensor, Tensor]:
+    """``dash::fwd_varlen`` (with autograd through ``dash::bwd_varlen``) on validated inputs;
+    ``schedule`` a kernel schedule (``varlen_kernel_schedule``). Returns out (total_q, heads,
+    head_dim) and softmax_lse (heads, total_q)."""
+    return torch.ops.dash.fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                     float(softmax_scale), bool(causal), bool(deterministic), schedule, int(sm_margin))
+
+
+def run_backward_varlen(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softmax_lse: Tensor,
+                        cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
+                        softmax_scale: float, causal: bool, deterministic: bool, schedule: str,
+                        sm_margin: int) -> tuple[Tensor, Tensor, Tensor]:
+    """``dash::bwd_varlen`` on validated inputs (``schedule`` a kernel schedule,
+    ``varlen_kernel_schedule``); returns new (dq, dk, dv) packed like q, k, v."""
+    return torch.ops.dash.bwd_varlen(dout.contiguous(), q, k, v, out.contiguous(), softmax_lse.contiguous(),
+                                     cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
+                                     float(softmax_scale), bool(causal), bool(deterministic), schedule, int(sm_margin))
 
 
 def run_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softmax_lse: Tensor,

@@ -346,6 +346,54 @@ def attention_forward(
     return out, lse
 
 
+def _varlen_offsets(cu_seqlens_q: Sequence[int], cu_seqlens_k: Sequence[int], q: Tensor,
+                    k: Tensor) -> Tuple[list, list]:
+    """The offsets as lists of ints, checked: one length, non-decreasing from 0 to the rows of
+    q and of k."""
+    cq, ck = [int(x) for x in cu_seqlens_q], [int(x) for x in cu_seqlens_k]
+    if len(cq) != len(ck) or len(cq) < 2 or cq[0] != 0 or ck[0] != 0 or cq[-1] != q.shape[0] \
+            or ck[-1] != k.shape[0] or any(b < a for a, b in zip(cq, cq[1:])) or any(b < a for a, b in zip(ck, ck[1:])):
+        raise ValueError(f"cu_seqlens_q={cq} / cu_seqlens_k={ck} must be non-decreasing offsets from 0 to the "
+                         f"rows of q ({q.shape[0]}) and k ({k.shape[0]}), of one length")
+    return cq, ck
+
+
+def attention_forward_varlen(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_seqlens_q: Sequence[int],
+    cu_seqlens_k: Sequence[int],
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    compute_dtype: torch.dtype = torch.float32,
+) -> Tuple[Tensor, Tensor]:
+    """Reference forward of a variable-length batch (FA3's varlen layout).
+
+    ``q``: ``(total_q, Hq, D)``, ``k`` / ``v``: ``(total_k, Hk, D)``, sequence ``b`` being rows
+    ``cu_seqlens_q[b]:cu_seqlens_q[b+1]`` of q and ``cu_seqlens_k[b]:cu_seqlens_k[b+1]`` of k and
+    v (offsets from 0 to the row counts, non-decreasing). Each sequence is attended alone by
+    :func:`attention_forward` (the causal mask aligned to its own bottom-right corner).
+
+    Returns ``(out, lse)``: ``out`` ``(total_q, Hq, D)`` in ``compute_dtype``, ``lse``
+    ``(Hq, total_q)``; rows of a sequence without keys have ``out = 0`` and ``lse = -inf``.
+    """
+    cq, ck = _varlen_offsets(cu_seqlens_q, cu_seqlens_k, q, k)
+    scale = _resolve_scale(softmax_scale, q.shape[-1])
+    stats = torch.float64 if compute_dtype == torch.float64 else torch.float32
+    out = torch.zeros(q.shape[0], q.shape[1], v.shape[-1], dtype=compute_dtype, device=q.device)
+    lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), dtype=stats, device=q.device)
+    for b in range(len(cq) - 1):
+        (q0, q1), (k0, k1) = (cq[b], cq[b + 1]), (ck[b], ck[b + 1])
+        if q1 == q0 or k1 == k0:
+            continue  # no rows, or rows without keys (out 0, lse -inf)
+        o, l = attention_forward(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], scale, causal=causal,
+                                 compute_dtype=compute_dtype)
+        out[q0:q1] = o[0]
+        lse[:, q0:q1] = l[0]
+    return out, lse
+
+
 # --------------------------------------------------------------------------- backward
 
 
@@ -444,6 +492,40 @@ def attention_backward(
 
 
 # --------------------------------------------------------------------------- error rule
+
+
+def attention_backward_varlen(
+    dout: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    cu_seqlens_q: Sequence[int],
+    cu_seqlens_k: Sequence[int],
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    compute_dtype: torch.dtype = torch.float32,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """Reference backward of a variable-length batch (the layout of
+    :func:`attention_forward_varlen`): each sequence by :func:`attention_backward`.
+
+    ``dout``, ``out``: ``(total_q, Hq, Dv)``; ``lse``: ``(Hq, total_q)``. Returns ``(dq, dk,
+    dv)`` packed like ``q``, ``k``, ``v``; rows of a sequence without queries or keys get 0.
+    """
+    cq, ck = _varlen_offsets(cu_seqlens_q, cu_seqlens_k, q, k)
+    dq = torch.zeros(q.shape, dtype=compute_dtype, device=q.device)
+    dk = torch.zeros(k.shape, dtype=compute_dtype, device=k.device)
+    dv = torch.zeros(v.shape, dtype=compute_dtype, device=v.device)
+    scale = _resolve_scale(softmax_scale, q.shape[-1])
+    for b in range(len(cq) - 1):
+        (q0, q1), (k0, k1) = (cq[b], cq[b + 1]), (ck[b], ck[b + 1])
+        if q1 == q0 or k1 == k0:
+            continue  # nothing attends: every gradient of the sequence is 0
+        g = attention_backward(dout[None, q0:q1], q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], out[None, q0:q1],
+                               lse[None, :, q0:q1], scale, causal=causal, compute_dtype=compute_dtype)
+        dq[q0:q1], dk[k0:k1], dv[k0:k1] = g[0][0], g[1][0], g[2][0]
+    return dq, dk, dv
 
 
 def default_floor(ref_high: Tensor, low_dtype: torch.dtype) -> float:

@@ -33,6 +33,9 @@ SCHEDULE_NAMES: tuple[str, ...] = ("auto",) + MODEL_SCHEDULE_NAMES
 TENSOR_DTYPES: tuple[torch.dtype, ...] = tuple(getattr(torch, name) for name in SUPPORTED_DTYPES)
 #: The kernels' TMA loads need 16-byte aligned base pointers and strides.
 TMA_ALIGN_BYTES = 16
+#: The kernel schedules built for variable-length batches (flash_attn_varlen_func): the claimed
+#: ones (csrc/schedule/schedule.h); shift's static waves assume heads of equal length.
+VARLEN_KERNEL_SCHEDULES: tuple[str, ...] = tuple(n for n in KERNEL_SCHEDULES if n != "shift")
 #: Largest batch and number of query heads the backward runs: its pre/post-process grids are
 #: (Q tiles, heads, batch), and CUDA limits a grid's y and z dimensions to 65535.
 BWD_MAX_BATCH_HEADS = 65535
@@ -410,6 +413,79 @@ def _validate_inputs(q: Tensor, k: Tensor, v: Tensor, *, softmax_scale, causal, 
             raise NotImplementedError(
                 f"schedule='shift' needs at most as many concurrently running columns of a head ({lanes}) as Q tiles "
                 f"({q_tiles}) (seqlen_q={q.shape[1]}, seqlen_k={k.shape[1]}); use 'auto'")
+
+
+def validate_varlen_inputs(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: object, cu_seqlens_k: object,
+                           max_seqlen_q: object, max_seqlen_k: object, *, softmax_scale, causal, window_size, softcap,
+                           sm_margin, schedule, deterministic, backward: Optional[bool] = None) -> bool:
+    """validate_inputs for ``flash_attn_varlen_func``: q (total_q, H, D), k and v (total_k, Hk, D)
+    hold the sequences packed along the rows; ``cu_seqlens_q`` / ``cu_seqlens_k`` are int32
+    tensors of batch + 1 offsets (sequence b is rows cu[b]:cu[b+1]); ``max_seqlen_q`` /
+    ``max_seqlen_k`` are ints >= 1, the longest sequence's lengths. Returns the effective
+    causal flag (the window normalised with the longest lengths: a side at least that long is
+    unbounded for every sequence).
+
+    Offsets on a CUDA device are not read (that would synchronise with the GPU), so their
+    values are the caller's contract, as in FA3: non-decreasing, starting at 0 and ending at
+    the number of rows, no sequence longer than max_seqlen_*. Offsets on the CPU are checked
+    here, and the caller moves them to q's device."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_tensor(name, t)
+        if t.dim() != 3:
+            raise ValueError(f"{name} must have 3 dims (total_tokens, heads, head_dim) for flash_attn_varlen_func; "
+                             f"got {describe_tensor(t)}")
+        if t.numel() == 0:
+            raise ValueError(f"{name} is empty ({describe_tensor(t)}); total_tokens, heads and head_dim must be >= 1")
+    if k.shape[0] != v.shape[0]:
+        raise ValueError(f"total_k differs between k ({k.shape[0]}) and v ({v.shape[0]})")
+    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if not _is_int(value) or not 1 <= value < 2**30:  # numpy ints pass (numbers.Integral)
+            raise ValueError(f"{name}={value!r} must be an int in [1, 2^30): the longest sequence's length")
+    for name, value in (("total_q", q.shape[0]), ("total_k", k.shape[0])):
+        if value >= 2**31:
+            raise ValueError(f"{name}={value} rows: at most 2^31 - 1 are supported")
+    batch = None
+    for name, cu, rows, longest in (("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q),
+                                    ("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k)):
+        check_tensor(name, cu)
+        if cu.dtype != torch.int32 or cu.dim() != 1 or cu.shape[0] < 2:
+            raise ValueError(f"{name} must be a 1-D int32 tensor of batch + 1 >= 2 offsets; got {describe_tensor(cu)}")
+        if batch is not None and cu.shape[0] - 1 != batch:
+            raise ValueError(f"cu_seqlens_q has {batch + 1} entries and cu_seqlens_k {cu.shape[0]}; both must be "
+                             "batch + 1")
+        batch = cu.shape[0] - 1
+        if cu.device.type == "cpu":
+            offsets = cu.tolist()
+            lengths = [b - a for a, b in zip(offsets, offsets[1:])]
+            if offsets[0] != 0 or offsets[-1] != rows or min(lengths) < 0:
+                raise ValueError(f"{name} must be non-decreasing offsets from 0 to the {rows} rows of "
+                                 f"{'q' if name.endswith('q') else 'k'}; got {offsets[:8]}{' ...' if batch > 7 else ''}"
+                                 f"{'' if batch <= 7 else f' (last {offsets[-1]})'}")
+            if max(lengths) > longest:
+                raise ValueError(f"{name} holds a sequence of {max(lengths)} rows, longer than "
+                                 f"{'max_seqlen_q' if name.endswith('q') else 'max_seqlen_k'}={longest}")
+        elif cu.device != q.device and not torch.compiler.is_compiling():
+            raise ValueError(f"{name} is on {cu.device} but q is on {q.device}; put it on q's device (or the CPU)")
+    check_bool("causal", causal)
+    is_causal = effective_causal(window_size, causal, max_seqlen_q, max_seqlen_k)
+    if not isinstance(schedule, str) or schedule not in SCHEDULE_NAMES:
+        raise ValueError(f"schedule={schedule!r} is unknown; choose one of {', '.join(SCHEDULE_NAMES)}")
+    if schedule not in VARLEN_KERNEL_SCHEDULES + ("auto",):
+        raise NotImplementedError(
+            f"schedule={schedule!r} is not built for variable-length batches; use one of "
+            f"{', '.join(VARLEN_KERNEL_SCHEDULES)} or auto")
+    if backward is None:  # flash_attn_varlen_func: whether its autograd will record a backward
+        backward = backward_will_run(q, k, v)
+    if backward and batch > BWD_MAX_BATCH_HEADS:
+        raise NotImplementedError(
+            f"{batch} sequences are not supported by the backward yet: at most {BWD_MAX_BATCH_HEADS} (a CUDA grid "
+            "dimension of its pre/post-processing); split the batch into calls of at most that many")
+    # The padded forward's checks, on the packed tensors as one batch of total rows (heads and
+    # the backward's head limit included).
+    validate_for_launch(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), softmax_scale=softmax_scale,
+                        causal=is_causal, softcap=softcap, sm_margin=sm_margin, deterministic=deterministic,
+                        backward=backward)
+    return is_causal
 
 
 def _check_traced_qkv(q: Tensor, k: Tensor, v: Tensor) -> bool:

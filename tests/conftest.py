@@ -112,9 +112,26 @@ def cpu_as_sm90(monkeypatch):
                           causal=causal, deterministic=deterministic, schedule=schedule, sm_margin=sm_margin))
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
 
+    def run_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                           deterministic, schedule, sm_margin):
+        calls.append(dict(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                          max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, softmax_scale=softmax_scale,
+                          causal=causal, deterministic=deterministic, schedule=schedule, sm_margin=sm_margin))
+        return torch.zeros(q.shape, dtype=q.dtype), torch.zeros(q.shape[1], q.shape[0])
+
     for module in (api, fai):
         monkeypatch.setattr(module, "run_forward", run_forward)
         monkeypatch.setattr(module, "run_backward", run_backward)
+    def run_backward_varlen(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                            softmax_scale, causal, deterministic, schedule, sm_margin):
+        calls.append(dict(dout=dout, q=q, k=k, v=v, out=out, softmax_lse=softmax_lse, cu_seqlens_q=cu_seqlens_q,
+                          cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                          softmax_scale=softmax_scale, causal=causal, deterministic=deterministic, schedule=schedule,
+                          sm_margin=sm_margin))
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+
+    monkeypatch.setattr(api, "run_forward_varlen", run_forward_varlen)
+    monkeypatch.setattr(fai, "run_backward_varlen", run_backward_varlen)
     validation._VALID_CALLS.clear()  # CPU keys must not outlive the patched device checks
     yield calls
     validation._VALID_CALLS.clear()

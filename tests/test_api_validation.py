@@ -494,20 +494,6 @@ def test_flash_attn_func_accepted_fa3_options_reach_the_device_check(kw):
         flash_attn_func(*_qkv(), **kw)
 
 
-@pytest.mark.parametrize("fn", ["dash", "drop_in"])
-def test_flash_attn_varlen_func_not_supported(fn):
-    f = dash.flash_attn_varlen_func if fn == "dash" else __import__(
-        "dash.flash_attn_interface", fromlist=["x"]).flash_attn_varlen_func
-    q, k, v = (t.reshape(-1, t.shape[2], t.shape[3]) for t in _qkv())
-    cu = torch.tensor([0, 16, 32], dtype=torch.int32)
-    with pytest.raises(NotImplementedError) as e:
-        f(q, k, v, cu, cu, 16, 16, causal=True)
-    msg = _err(e)
-    assert "flash_attn_varlen_func" in msg and "not supported yet" in msg and "flash_attn_func" in msg
-    with pytest.raises(NotImplementedError):
-        f()
-
-
 @pytest.mark.parametrize("shape", [(2, 16, 2, 4, 64), (2, 16, 4, 3, 64), (2, 16, 12, 64), (2, 16, 3, 4, 64, 1)],
                          ids=str)
 def test_qkvpacked_wrong_shape(shape):

@@ -72,6 +72,10 @@ def test_short_names_of_both_passes(ck):
                    "(dash::FwdTraits<128, false, cutlass::bfloat16_t, 2>::MainParams)")
     assert ck.short_name(fwd_cluster) == "fwd_main_kernel hdim128 full bfloat16_t cluster2"
     assert ck.short_name(fwd_cluster.replace(", 2>", ", 1>")) == "fwd_main_kernel hdim128 full bfloat16_t"
+    assert ck.short_name(fwd_cluster.replace(", 2>", ", 1, false>")) == "fwd_main_kernel hdim128 full bfloat16_t"
+    fwd_varlen = ("void dash::fwd_main_kernel<dash::FwdTraits<64, true, cutlass::half_t, 1, true> >"
+                  "(dash::FwdTraits<64, true, cutlass::half_t, 1, true>::MainParams)")
+    assert ck.short_name(fwd_varlen) == "fwd_main_kernel hdim64 causal half_t varlen"
     assert ck.short_name(bwd) == "bwd_main_kernel hdim64 causal half_t claimed"
     real = ("void dash::bwd_main_kernel<dash::BwdTraits<128, true, cutlass::bfloat16_t>, dash::ClaimedSchedule<"
             "dash::TileGeometryT<dash::StaticBlocks<64, 128> > >, {}>(dash::BwdTraits<128, true, "

@@ -59,10 +59,10 @@ FA3_BACKWARD_PARAMETERS = [
     ("softcap", 0.0), ("deterministic", False), ("sm_margin", 0),
 ]
 #: Tensor arguments of FA3's forward that ask for a feature DASH does not have.
-FORWARD_TENSOR_FEATURES = ["k_new", "v_new", "qv", "cu_seqlens_q", "cu_seqlens_k", "cu_seqlens_k_new", "seqused_q",
-                           "seqused_k", "page_table", "kv_batch_idx", "leftpad_k", "rotary_cos", "rotary_sin",
-                           "seqlens_rotary", "q_descale", "k_descale", "v_descale", "scheduler_metadata"]
-BACKWARD_TENSOR_FEATURES = ["cu_seqlens_q", "cu_seqlens_k", "sequed_q", "sequed_k"]
+FORWARD_TENSOR_FEATURES = ["k_new", "v_new", "qv", "cu_seqlens_k_new", "seqused_q", "seqused_k", "page_table",
+                           "kv_batch_idx", "leftpad_k", "rotary_cos", "rotary_sin", "seqlens_rotary", "q_descale",
+                           "k_descale", "v_descale", "scheduler_metadata"]
+BACKWARD_TENSOR_FEATURES = ["sequed_q", "sequed_k"]
 
 
 def _qkv(batch=2, seqlen_q=64, seqlen_k=None, heads=4, heads_kv=None, head_dim=64, dtype=torch.bfloat16,
@@ -526,3 +526,79 @@ def test_softmax_d_in_slices_equals_the_whole(monkeypatch):
     assert torch.allclose(sliced.double(), whole, atol=1e-5, rtol=1e-5)
     monkeypatch.setattr(fai, "_SOFTMAX_D_SLICE_ELEMENTS", 1 << 24)
     assert torch.equal(fai._softmax_d(dout, out), sliced)
+
+
+# ---------------------------------------------------------------------------------------
+# Packed variable-length sequences (TransformerEngine's THD layout) through the entry points
+# ---------------------------------------------------------------------------------------
+def _packed(lengths=(5, 0, 17), heads=4, heads_kv=2, head_dim=64):
+    total = sum(lengths)
+    q = torch.randn(total, heads, head_dim, dtype=torch.bfloat16)
+    k = torch.randn(total, heads_kv, head_dim, dtype=torch.bfloat16)
+    v = torch.randn(total, heads_kv, head_dim, dtype=torch.bfloat16)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    return q, k, v, cu, max(lengths)
+
+
+@pytest.mark.parametrize("given", ["cu_seqlens_q", "cu_seqlens_k"])
+def test_one_varlen_offset_alone_is_refused(given):
+    q, k, v, cu, longest = _packed()
+    with pytest.raises(ValueError, match=rf"^{given} is given but cu_seqlens_[qk] is None; packed \(varlen\) "
+                                         r"sequences need both offsets"):
+        _flash_attn_forward(q, k, v, **{given: cu}, max_seqlen_q=longest, max_seqlen_k=longest)
+    with pytest.raises(ValueError, match=rf"^{given} is given"):
+        _flash_attn_backward(q, q, k, v, q, torch.zeros(4, q.shape[0]), **{given: cu}, max_seqlen_q=longest,
+                             max_seqlen_k=longest)
+
+
+@pytest.mark.parametrize("left, right, causal, expect", [(-1, -1, False, False), (-1, 0, False, True),
+                                                         (-1, -1, True, True)])
+def test_varlen_forward_reaches_the_varlen_op(cpu_as_sm90, left, right, causal, expect):
+    q, k, v, cu, longest = _packed()
+    out_ = torch.empty_like(q)
+    out, lse, out_accum, lse_accum = _flash_attn_forward(
+        q, k, v, out_=out_, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=longest, max_seqlen_k=longest,
+        causal=causal, window_size_left=left, window_size_right=right)
+    (call,) = cpu_as_sm90
+    assert call["cu_seqlens_q"] is cu and call["max_seqlen_q"] == longest and call["causal"] is expect
+    assert call["schedule"] == "fa3"  # no backward will run: nothing to choose
+    assert out is out_ and lse.shape == (4, q.shape[0]) and out_accum.numel() == lse_accum.numel() == 0
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_varlen_backward_reaches_the_varlen_op(cpu_as_sm90, deterministic):
+    q, k, v, cu, longest = _packed()
+    dout, out = torch.randn_like(q), torch.randn_like(q)
+    lse = torch.zeros(4, q.shape[0])
+    dq, dk, dv = torch.full_like(q, 7.0), torch.full_like(k, 7.0), torch.full_like(v, 7.0)
+    softmax_d = _flash_attn_backward(dout, q, k, v, out, lse, cu, cu, None, None, longest, longest, dq, dk, dv,
+                                     is_causal=True, deterministic=deterministic)
+    (call,) = cpu_as_sm90
+    assert call["deterministic"] is deterministic and call["causal"] is True
+    assert call["schedule"] in ("fa3", "interleaved", "descending")
+    assert torch.all(dq == 0) and torch.all(dk == 0) and torch.all(dv == 0)  # the recorder's zeros, copied in
+    expected = (dout.float() * out.float()).sum(-1).transpose(0, 1)
+    torch.testing.assert_close(softmax_d, expected)
+
+
+def test_varlen_backward_checks_its_lse(cpu_as_sm90):
+    q, k, v, cu, longest = _packed()
+    with pytest.raises(ValueError, match=r"softmax_lse must be float32 \(heads, total_q\) = \(4, 22\) for packed "
+                                         r"sequences; got shape \(1, 4, 22\)"):
+        _flash_attn_backward(q, q, k, v, q, torch.zeros(1, 4, q.shape[0]), cu, cu, None, None, longest, longest)
+    with pytest.raises(ValueError, match=r"max_seqlen_q=None must be an int"):
+        _flash_attn_backward(q, q, k, v, q, torch.zeros(4, q.shape[0]), cu, cu)
+    assert cpu_as_sm90 == []
+
+
+def test_varlen_window_is_normalised_with_validated_lengths(cpu_as_sm90):
+    """numpy ints are lengths like any int: a window shorter than them stays a (refused) sliding
+    window instead of being widened to none."""
+    np = pytest.importorskip("numpy")
+    q, k, v, cu, longest = _packed()
+    with pytest.raises(NotImplementedError, match="sliding-window attention is not supported yet"):
+        _flash_attn_forward(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=np.int64(longest),
+                            max_seqlen_k=np.int64(longest), window_size_left=3, window_size_right=0)
+    _flash_attn_forward(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=np.int64(longest),
+                        max_seqlen_k=np.int64(longest), window_size_left=-1, window_size_right=0)
+    assert cpu_as_sm90[0]["causal"] is True and cpu_as_sm90[0]["max_seqlen_q"] == longest

@@ -68,16 +68,20 @@ def demangle(names: list[str]) -> dict[str, str]:
 
 def short_name(demangled: str) -> str:
     """'void dash::bwd_main_kernel<dash::BwdTraits<128, true, cutlass::bfloat16_t>>(...)' (or FwdTraits)
-    -> 'bwd_main_kernel hdim128 causal bfloat16_t'. A backward main kernel also names its schedule
+    -> 'bwd_main_kernel hdim128 causal bfloat16_t'. A forward names its cluster size (above 1) and
+    'varlen' (FwdTraits' kVarlen). A backward main kernel also names its schedule
     class and, when it is the mainloop that loads the LSE early (kLseEarly), 'lse-early': the kernels
     of one translation unit differ only there ('..., dash::ShiftSchedule<...>, false>')."""
-    m = re.search(r"dash::(\w+)<dash::(?:Bwd|Fwd)Traits<(\d+), (true|false), cutlass::(\w+)(?:, (\d+))?>", demangled)
+    m = re.search(r"dash::(\w+)<dash::(?:Bwd|Fwd)Traits<(\d+), (true|false), cutlass::(\w+)(?:, (\d+))?"
+                  r"(?:, (true|false))?>", demangled)
     if not m:
         return demangled[:100]
-    kernel, hdim, causal, dtype, cluster = m.groups()
+    kernel, hdim, causal, dtype, cluster, varlen = m.groups()
     name = f"{kernel} hdim{hdim} {'causal' if causal == 'true' else 'full'} {dtype}"
     if cluster is not None and cluster != "1":
         name += f" cluster{cluster}"
+    if varlen == "true":  # FwdTraits' kVarlen: sequences packed along the rows
+        return name + " varlen"
     schedule = re.search(r"dash::(\w+)Schedule<", demangled)
     if schedule:
         name += f" {schedule.group(1).lower()}"

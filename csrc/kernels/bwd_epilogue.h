@@ -28,6 +28,45 @@ struct BwdEpilogue {
   static constexpr int kHeadDim = Traits::kHeadDim;
   static constexpr int NumMmaThreads = Traits::NumMmaThreads;
   static constexpr int NumMmaWarpGroups = Traits::NumMmaWarpGroups;
+  static constexpr bool kVarlen = Traits::kVarlen;
+
+  // ---------------------------------------------------------------------------------------
+  // Varlen (kernels/varlen.h): every role (producer, MMA warpgroups, dQ writers) reads the
+  // place of its column's sequence and walks the column by the schedule with that sequence's
+  // lengths. Turns and visits then come from the same formulas on a smaller geometry, so each
+  // Q tile (b, h, m) receives exactly the columns [0, n_end(m)) of its own sequence, in the
+  // schedule's order; the padded columns past the sequence's keys visit nothing. Every wait
+  // still points to a column of the same head that precedes the waiting one in the (padded)
+  // item order, so schedule.h's deadlock argument holds unchanged.
+  // ---------------------------------------------------------------------------------------
+  static __device__ __forceinline__ SeqPlace seq_of(Params const& params, ColumnCoord const& col) {
+    if constexpr (kVarlen) {
+      return load_seq_place_within(params.cu_seqlens_q, params.cu_seqlens_k, col.b, params.schedule.geo.seqlen_q,
+                                   params.schedule.geo.seqlen_k);
+    } else {
+      return SeqPlace{};
+    }
+  }
+  // The schedule that walks a column: the problem's (a reference into the parameters) or,
+  // varlen, the same with the column's sequence lengths.
+  static __device__ __forceinline__ decltype(auto) column_schedule(Params const& params, SeqPlace const& seq) {
+    if constexpr (kVarlen) {
+      auto sched = params.schedule;
+      sched.geo = with_lengths(sched.geo, seq);
+      return sched;
+    } else {
+      return (params.schedule);
+    }
+  }
+  // Q tiles a column visits (`sched`: its column_schedule); varlen: none past its keys.
+  template <class ColumnSchedule>
+  static __device__ __forceinline__ int column_steps(ColumnSchedule const& sched, ColumnCoord const& col) {
+    if constexpr (kVarlen) {
+      return col.n * kBlockN < sched.geo.seqlen_k ? sched.num_steps(col) : 0;
+    } else {
+      return sched.num_steps(col);
+    }
+  }
 
   // ---------------------------------------------------------------------------------------
   // dQ writers: warps 1 and 2 (all 32 lanes take part in the named barriers, lane 0 issues).
@@ -70,7 +109,9 @@ struct BwdEpilogue {
     int const num_m_blocks = sched.geo.num_m_blocks();
     constexpr int kSliceFloats = Traits::kdQSliceFloats;
     constexpr uint32_t kBarThreads = 128 + 32;
-    bool const tracer = params.trace != nullptr && lane == 0;  // lane 0 records in trace mode
+    // Lane 0 records in trace mode (never with varlen, whose launch refuses a trace: compiled
+    // out there, it leaves the writer the registers the sequence's lengths take).
+    bool const tracer = !kVarlen && params.trace != nullptr && lane == 0;
 
     // The staging buffers start empty. Step g waits on "empty" of parity (g + kStagesdQ) & 1
     // (the writer of step g - kStagesdQ), so the first kStagesdQ steps wait on arrivals
@@ -81,13 +122,19 @@ struct BwdEpilogue {
     }
     int g0 = 0;  // the CTA's steps before the current column
     for_each_scheduled_column(params.schedule, ss.work, [&](ColumnCoord const& col) {
-      int const num_steps = sched.num_steps(col);
-      // Q tile (b, h, m) is tile number bh * M + m of dQaccum and of the semaphores. 32-bit
-      // indices, not pointers, keep this warp within its 24 registers (launch checks the range).
+      SeqPlace const seq = seq_of(params, col);
+      auto&& csched = column_schedule(params, seq);
+      int const num_steps = column_steps(csched, col);
+      // Q tile (b, h, m) is tile number bh * M + m of dQaccum and of the semaphores, or varlen
+      // h * (tiles per head) + (the sequence's first tile) + m (kernels/varlen.h; the tiles per
+      // head read from the parameters' constant bank). 32-bit indices, not pointers, keep this
+      // warp within its 24 registers (launch checks the range).
       int const bh = col.b * params.num_heads + col.h;
+      int const varlen_tile0 =
+          kVarlen ? col.h * params.dq_tiles_per_head + varlen_first_tile(seq.row_q, col.b, kBlockM) : 0;
       for (int step = (g0 + writer) & 1; step < num_steps; step += 2) {  // steps with g % 2 == writer
-        int const m = sched.m_block(col, step);
-        int const tile = bh * num_m_blocks + m;
+        int const m = csched.m_block(col, step);
+        int const tile = kVarlen ? varlen_tile0 + m : bh * num_m_blocks + m;
         // Trace mode: the record is claimed and filled as the step goes, so that no timestamp
         // stays live in a register.
         int const rec = tracer ? begin_record(params, bh, col.n, m, step) : -1;
@@ -99,7 +146,7 @@ struct BwdEpilogue {
         int slot = tile;     // the dQaccum tile and semaphore this step adds into
         bool store = false;  // the first add of a chain stores (kdQChains > 1: nothing zeroed it)
         if (params.deterministic && lane == 0) {
-          int const turn = sched.turn(col, m);
+          int const turn = csched.turn(col, m);
           if (rec >= 0) { params.trace[rec].turn = turn; }
           int const rank = turn / Traits::kdQChains;  // position in the chain of turn % kdQChains
           slot = (turn % Traits::kdQChains) * params.dq_chain_tiles + tile;
@@ -190,21 +237,29 @@ struct BwdEpilogue {
   //      so the next head's acquire observes every add of ours: they have landed.
   // Waits point to the same column of a lower query head, which every schedule claims or
   // runs earlier (schedule.h), so they cannot deadlock.
+  // `seq`: the column's sequence (varlen; rows offset by its first key row, clipped at its
+  // length).
   template <class Frag, class Coord>
-  static __device__ __forceinline__ void store_dkv(Params const& params, ColumnCoord col, Frag const& tdKrdK,
-                                                   Frag const& tdVrdV, Coord const& tdKVcdKV, int mma_tidx) {
-    int const seqlen_k = params.schedule.geo.seqlen_k;
+  static __device__ __forceinline__ void store_dkv(Params const& params, ColumnCoord col, SeqPlace const& seq,
+                                                   Frag const& tdKrdK, Frag const& tdVrdV, Coord const& tdKVcdKV,
+                                                   int mma_tidx) {
+    int const seqlen_k = kVarlen ? seq.seqlen_k : params.schedule.geo.seqlen_k;
     int const row0 = col.n * kBlockN;
+    // The first key row of the column's batch entry: b * batch stride, or varlen the
+    // sequence's first row (batch strides unused).
+    auto batch_offset = [&](BSHDStrides const& st) {
+      return kVarlen ? int64_t(seq.row_k) * st.row : int64_t(col.b) * st.batch;
+    };
     if (params.dk_accum == nullptr) {
-      Element* dk = params.dk + int64_t(col.b) * params.dk_strides.batch + int64_t(col.h) * params.dk_strides.head;
-      Element* dv = params.dv + int64_t(col.b) * params.dv_strides.batch + int64_t(col.h) * params.dv_strides.head;
+      Element* dk = params.dk + batch_offset(params.dk_strides) + int64_t(col.h) * params.dk_strides.head;
+      Element* dv = params.dv + batch_offset(params.dv_strides) + int64_t(col.h) * params.dv_strides.head;
       store_acc_rows_16B(tdKrdK, tdKVcdKV, params.softmax_scale, dk, params.dk_strides.row, row0, seqlen_k);
       store_acc_rows_16B(tdVrdV, tdKVcdKV, 1.0f, dv, params.dv_strides.row, row0, seqlen_k);
       return;
     }
     int const h_kv = col.h / params.heads_per_kv_head;
     BSHDStrides const& st = params.dkv_accum_strides;
-    int64_t const offset = int64_t(col.b) * st.batch + int64_t(h_kv) * st.head;
+    int64_t const offset = batch_offset(st) + int64_t(h_kv) * st.head;
     int* sem = params.dkv_semaphore +
                (int64_t(col.b) * params.num_heads_k + h_kv) * params.schedule.geo.num_n_blocks() + col.n;
     if (params.deterministic) {

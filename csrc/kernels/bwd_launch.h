@@ -116,9 +116,9 @@ void launch_main_kernel(typename Traits::template MainParams<Schedule> const& mp
   check_cuda(err, "launch of bwd_main_kernel");
 }
 
-template <int kHeadDim, bool Is_causal, class Element>
+template <int kHeadDim, bool Is_causal, class Element, bool kVarlen>
 void run_bwd_impl(BwdParams const& p, cudaStream_t stream) {
-  using Traits = BwdTraits<kHeadDim, Is_causal, Element>;
+  using Traits = BwdTraits<kHeadDim, Is_causal, Element, kVarlen>;
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
 
@@ -129,7 +129,12 @@ void run_bwd_impl(BwdParams const& p, cudaStream_t stream) {
   geo.block_n = kBlockN;
   geo.causal = Is_causal;
   int const num_m_blocks = geo.num_m_blocks();
-  int64_t const stats_bh_stride = int64_t(num_m_blocks) * kBlockM;
+  // The workspace's Q tiles per (batch, head) row, or varlen per head (kernels/varlen.h); the
+  // LSE / D rows of a row of tiles follow the same layout.
+  int64_t const workspace_tiles_per_row =
+      kVarlen ? varlen_tiles_per_head(p.total_q, p.batch, kBlockM) : int64_t(num_m_blocks);
+  int64_t const workspace_rows = kVarlen ? int64_t(p.num_heads) : int64_t(p.num_heads) * p.batch;
+  int64_t const stats_bh_stride = workspace_tiles_per_row * kBlockM;
 
   // ---- checks --------------------------------------------------------------------------
   // The pre/post-process grids are (Q tiles, heads, batch); y and z are limited to 65535.
@@ -145,10 +150,11 @@ void run_bwd_impl(BwdParams const& p, cudaStream_t stream) {
   }
   int const num_columns = int(num_columns64);
   // The dQ writers address chain c of dQ tile t as the 32-bit index c * tiles + t.
-  int64_t const dq_tiles64 = int64_t(num_m_blocks) * p.num_heads * p.batch * Traits::kdQChains;
+  int64_t const dq_tiles64 = workspace_tiles_per_row * workspace_rows * Traits::kdQChains;
   if (dq_tiles64 > INT_MAX) {
     throw std::invalid_argument("DASH backward: " + std::to_string(dq_tiles64 / Traits::kdQChains) +
-                                " Q tiles (Q tiles x heads x batch) exceed the supported " +
+                                (kVarlen ? " workspace Q tiles (tiles per head x heads)" : " Q tiles (Q tiles x heads x batch)") +
+                                " exceed the supported " +
                                 std::to_string(INT_MAX / Traits::kdQChains));
   }
   if (p.num_ctas_max < 1) {
@@ -157,7 +163,7 @@ void run_bwd_impl(BwdParams const& p, cudaStream_t stream) {
   }
   int const num_ctas = num_columns < p.num_ctas_max ? num_columns : p.num_ctas_max;
   bool const shift = p.schedule == BwdScheduleKind::kShift;
-  if (shift) {
+  if (shift && !kVarlen) {  // varlen refuses shift below
     if (Is_causal) {
       throw std::invalid_argument("DASH backward: schedule 'shift' is for full masks; for causal use 'descending', "
                                   "'interleaved', 'fa3' or 'auto'");
@@ -178,12 +184,27 @@ void run_bwd_impl(BwdParams const& p, cudaStream_t stream) {
   if (gqa && (p.dk_accum == nullptr || p.dv_accum == nullptr || p.dkv_semaphore == nullptr)) {
     throw std::invalid_argument("DASH backward: GQA needs dk_accum, dv_accum and dkv_semaphore");
   }
+  if constexpr (kVarlen) {
+    if (p.cu_seqlens_k == nullptr || p.total_q < 1 || p.total_k < 1) {
+      throw std::invalid_argument("DASH backward: a varlen problem needs cu_seqlens_q, cu_seqlens_k and at least one "
+                                  "row of q and of k (total_q=" + std::to_string(p.total_q) + ", total_k=" +
+                                  std::to_string(p.total_k) + ")");
+    }
+    if (shift || p.trace != nullptr) {
+      throw std::invalid_argument(std::string("DASH backward: a varlen problem runs the claimed schedules (fa3, "
+                                              "interleaved, descending) without trace; got ") +
+                                  (shift ? "schedule 'shift'" : "a trace request"));
+    }
+  }
   int const eb = int(sizeof(Element));
-  BSHDStrides const q_st = checked_tma_strides("q", p.q, p.q_strides, p.seqlen_q, p.num_heads, p.batch, kHeadDim, eb);
+  // Varlen tensors are one batch of total_q / total_k rows.
+  int const rows_q = kVarlen ? p.total_q : p.seqlen_q, rows_k = kVarlen ? p.total_k : p.seqlen_k;
+  int const tma_batch = kVarlen ? 1 : p.batch;
+  BSHDStrides const q_st = checked_tma_strides("q", p.q, p.q_strides, rows_q, p.num_heads, tma_batch, kHeadDim, eb);
   BSHDStrides const do_st =
-      checked_tma_strides("dout", p.dout, p.dout_strides, p.seqlen_q, p.num_heads, p.batch, kHeadDim, eb);
-  BSHDStrides const k_st = checked_tma_strides("k", p.k, p.k_strides, p.seqlen_k, p.num_heads_k, p.batch, kHeadDim, eb);
-  BSHDStrides const v_st = checked_tma_strides("v", p.v, p.v_strides, p.seqlen_k, p.num_heads_k, p.batch, kHeadDim, eb);
+      checked_tma_strides("dout", p.dout, p.dout_strides, rows_q, p.num_heads, tma_batch, kHeadDim, eb);
+  BSHDStrides const k_st = checked_tma_strides("k", p.k, p.k_strides, rows_k, p.num_heads_k, tma_batch, kHeadDim, eb);
+  BSHDStrides const v_st = checked_tma_strides("v", p.v, p.v_strides, rows_k, p.num_heads_k, tma_batch, kHeadDim, eb);
 
   // ---- preprocess ------------------------------------------------------------------------
   PrepostParams pp;
@@ -205,11 +226,22 @@ void run_bwd_impl(BwdParams const& p, cudaStream_t stream) {
   pp.seqlen_k = p.seqlen_k;
   pp.num_heads = p.num_heads;
   pp.num_m_blocks = num_m_blocks;
+  pp.tiles_per_head = kVarlen ? int(workspace_tiles_per_row) : 0;
   pp.dq_chains = p.deterministic ? Traits::kdQChains : 1;
-  pp.dq_chain_tiles = int64_t(num_m_blocks) * p.num_heads * p.batch;
+  pp.dq_chain_tiles = workspace_tiles_per_row * workspace_rows;
   pp.stats_bh_stride = stats_bh_stride;
   pp.softmax_scale = p.softmax_scale;
   pp.wait_per_tile = false;
+  pp.cu_seqlens_q = p.cu_seqlens_q;
+  pp.cu_seqlens_k = p.cu_seqlens_k;
+  pp.dk = p.dk;
+  pp.dv = p.dv;
+  pp.dk_strides = p.dk_strides;
+  pp.dv_strides = p.dv_strides;
+  pp.dk_accum = gqa ? p.dk_accum : nullptr;
+  pp.dv_accum = gqa ? p.dv_accum : nullptr;
+  pp.dkv_accum_strides = p.dkv_accum_strides;
+  pp.num_heads_k = p.num_heads_k;
 
   dim3 const tile_grid(num_m_blocks, p.num_heads, p.batch);
   bwd_preprocess_kernel<Traits><<<tile_grid, kPreprocessThreads, 0, stream>>>(pp);
@@ -226,16 +258,16 @@ void run_bwd_impl(BwdParams const& p, cudaStream_t stream) {
   auto launch = [&](auto schedule) {
     using Schedule = decltype(schedule);
     typename Traits::template MainParams<Schedule> mp;
-    mp.tma_q = make_tma_copy(SM90_TMA_LOAD{}, make_gmem(p.q, p.seqlen_q, p.num_heads, p.batch, q_st), smem_q_one_stage,
+    mp.tma_q = make_tma_copy(SM90_TMA_LOAD{}, make_gmem(p.q, rows_q, p.num_heads, tma_batch, q_st), smem_q_one_stage,
                              tile_q, _1{});
-    mp.tma_do = make_tma_copy(SM90_TMA_LOAD{}, make_gmem(p.dout, p.seqlen_q, p.num_heads, p.batch, do_st),
+    mp.tma_do = make_tma_copy(SM90_TMA_LOAD{}, make_gmem(p.dout, rows_q, p.num_heads, tma_batch, do_st),
                               smem_q_one_stage, tile_q, _1{});
-    mp.tma_k = make_tma_copy(SM90_TMA_LOAD{}, make_gmem(p.k, p.seqlen_k, p.num_heads_k, p.batch, k_st),
+    mp.tma_k = make_tma_copy(SM90_TMA_LOAD{}, make_gmem(p.k, rows_k, p.num_heads_k, tma_batch, k_st),
                              typename Traits::SmemLayoutK{}, tile_kv, _1{});
-    mp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, make_gmem(p.v, p.seqlen_k, p.num_heads_k, p.batch, v_st),
+    mp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, make_gmem(p.v, rows_k, p.num_heads_k, tma_batch, v_st),
                              typename Traits::SmemLayoutV{}, tile_kv, _1{});
-    mp.shape_q = typename Traits::ShapeBSHD{p.seqlen_q, kHeadDim, p.num_heads, p.batch};
-    mp.shape_k = typename Traits::ShapeBSHD{p.seqlen_k, kHeadDim, p.num_heads_k, p.batch};
+    mp.shape_q = typename Traits::ShapeBSHD{rows_q, kHeadDim, p.num_heads, tma_batch};
+    mp.shape_k = typename Traits::ShapeBSHD{rows_k, kHeadDim, p.num_heads_k, tma_batch};
     mp.lse_log2 = p.lse_log2;
     mp.dpsum = p.dpsum;
     mp.stats_bh_stride = stats_bh_stride;
@@ -260,18 +292,22 @@ void run_bwd_impl(BwdParams const& p, cudaStream_t stream) {
     mp.heads_per_kv_head = p.num_heads / p.num_heads_k;
     mp.deterministic = p.deterministic;
     mp.schedule = schedule;
+    mp.cu_seqlens_q = p.cu_seqlens_q;
+    mp.cu_seqlens_k = p.cu_seqlens_k;
+    mp.dq_tiles_per_head = int(workspace_tiles_per_row);
     // The config table says per mode whether a launch runs the mainloop that loads the LSE
     // before the S^T GEMM (BwdMainKernel's kLseEarly: lse_early_nondet, lse_early_det); where
     // both modes say the same, the two calls name one instantiation.
+    // Varlen runs the other mainloop only (one instantiation).
     if (p.deterministic) {
-      launch_main_kernel<Traits, Schedule, Traits::kLseEarlyDet>(mp, num_ctas, stream);
+      launch_main_kernel<Traits, Schedule, !kVarlen && Traits::kLseEarlyDet>(mp, num_ctas, stream);
     } else {
-      launch_main_kernel<Traits, Schedule, Traits::kLseEarlyNondet>(mp, num_ctas, stream);
+      launch_main_kernel<Traits, Schedule, !kVarlen && Traits::kLseEarlyNondet>(mp, num_ctas, stream);
     }
   };
   // The kernel's geometry carries the tile sizes as compile-time constants.
   auto const kgeo = geo.template with_blocks<StaticBlocks<kBlockM, kBlockN>>();
-  if constexpr (!Is_causal) {
+  if constexpr (!Is_causal && !kVarlen) {
     if (shift) {
       // The waves are planned for the grid actually launched (the bits depend on it).
       launch(make_shift_schedule(kgeo, p.num_heads, p.batch, num_ctas));
@@ -305,10 +341,12 @@ void run_bwd_impl(BwdParams const& p, cudaStream_t stream) {
 
 template <int kHeadDim, class Element>
 void run_bwd_hdim(BwdParams const& p, cudaStream_t stream) {
+  bool const varlen = p.cu_seqlens_q != nullptr;
   if (p.causal) {
-    run_bwd_impl<kHeadDim, true, Element>(p, stream);
+    varlen ? run_bwd_impl<kHeadDim, true, Element, true>(p, stream) : run_bwd_impl<kHeadDim, true, Element, false>(p, stream);
   } else {
-    run_bwd_impl<kHeadDim, false, Element>(p, stream);
+    varlen ? run_bwd_impl<kHeadDim, false, Element, true>(p, stream)
+           : run_bwd_impl<kHeadDim, false, Element, false>(p, stream);
   }
 }
 

@@ -122,10 +122,12 @@ struct BwdMainKernel {
         ss.work.publish(k, ScheduledColumn{item, col.n, col.h, col.b});
       }
 
-      int const num_steps = sched.num_steps(col);
+      SeqPlace const seq = Epilogue::seq_of(params, col);
+      auto&& csched = Epilogue::column_schedule(params, seq);
+      int const num_steps = Epilogue::column_steps(csched, col);
       if (num_steps > 0) {
-        load_column(params, ss, col, num_steps, stage, kv_phase, tQsQ, tdOsdO, tKsK, tVsV, mQ_all, mdO_all, mK_all,
-                    mV_all, tma_q, tma_do, tma_k, tma_v);
+        load_column(params, ss, col, seq, csched, num_steps, stage, kv_phase, tQsQ, tdOsdO, tKsK, tVsV, mQ_all,
+                    mdO_all, mK_all, mV_all, tma_q, tma_do, tma_k, tma_v);
       }
       if constexpr (Schedule::kClaimed) {
         // Items are claimed in increasing order (the deadlock-freedom argument in
@@ -137,30 +139,50 @@ struct BwdMainKernel {
     }
   }
 
-  template <class TQs, class TdOs, class TKs, class TVs, class MQ, class MdO, class MK, class MV, class TmaQ,
-            class TmadO, class TmaK, class TmaV>
+  // `seq`, `csched`: the column's sequence (varlen) and the schedule that walks it
+  // (Epilogue::column_schedule).
+  template <class ColumnSchedule, class TQs, class TdOs, class TKs, class TVs, class MQ, class MdO, class MK,
+            class MV, class TmaQ, class TmadO, class TmaK, class TmaV>
   static __device__ __forceinline__ void load_column(Params const& params, SharedStorage& ss, ColumnCoord col,
+                                                     SeqPlace const& seq, ColumnSchedule const& csched,
                                                      int num_steps, StageState& stage, uint32_t& kv_phase,
                                                      TQs& tQsQ, TdOs& tdOsdO, TKs& tKsK, TVs& tVsV, MQ const& mQ_all,
                                                      MdO const& mdO_all, MK const& mK_all, MV const& mV_all,
                                                      TmaQ const& tma_q, TmadO const& tma_do, TmaK const& tma_k,
                                                      TmaV const& tma_v) {
-    auto const& sched = params.schedule;
     int const h_kv = col.h / params.heads_per_kv_head;
-    Tensor gQ = local_tile(mQ_all(_, _, col.h, col.b), Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(_, _0{}));
-    Tensor gdO = local_tile(mdO_all(_, _, col.h, col.b), Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(_, _0{}));
-    Tensor gK = local_tile(mK_all(_, _, h_kv, col.b), Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(col.n, _0{}));
-    Tensor gV = local_tile(mV_all(_, _, h_kv, col.b), Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(col.n, _0{}));
+    // The rows of the column's batch entry: varlen, its sequence's, from its first row of the
+    // packed tensors (a tile's rows past the sequence are the next one's, or TMA's zero fill:
+    // their P is 0, masked keys or an LSE of +inf, see the preprocess).
+    auto rows = [&](auto const& m_all, int head, int first_row) {
+      if constexpr (Traits::kVarlen) {
+        return domain_offset(make_coord(first_row, _0{}), m_all(_, _, head, _0{}));
+      } else {
+        return m_all(_, _, head, col.b);
+      }
+    };
+    Tensor gQ = local_tile(rows(mQ_all, col.h, seq.row_q), Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(_, _0{}));
+    Tensor gdO =
+        local_tile(rows(mdO_all, col.h, seq.row_q), Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(_, _0{}));
+    Tensor gK =
+        local_tile(rows(mK_all, h_kv, seq.row_k), Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(col.n, _0{}));
+    Tensor gV =
+        local_tile(rows(mV_all, h_kv, seq.row_k), Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(col.n, _0{}));
     Tensor tQgQ = tma_q.partition_S(gQ);      // (TMA, 1, 1, m)
     Tensor tdOgdO = tma_do.partition_S(gdO);  // (TMA, 1, 1, m)
     Tensor tKgK = tma_k.partition_S(gK);
     Tensor tVgV = tma_v.partition_S(gV);
-    int64_t const stats_offset = (int64_t(col.b) * params.num_heads + col.h) * params.stats_bh_stride;
+    // The column's LSE / D rows: row (b, h) of the padded workspace, or varlen head h's rows
+    // from its sequence's first tile (kernels/varlen.h).
+    int64_t const stats_offset =
+        Traits::kVarlen
+            ? int64_t(col.h) * params.stats_bh_stride + int64_t(varlen_first_tile(seq.row_q, col.b, kBlockM)) * kBlockM
+            : (int64_t(col.b) * params.num_heads + col.h) * params.stats_bh_stride;
     float const* lse_bh = params.lse_log2 + stats_offset;
     float const* dpsum_bh = params.dpsum + stats_offset;
 
     for (int step = 0; step < num_steps; ++step) {
-      int const m = sched.m_block(col, step);
+      int const m = csched.m_block(col, step);
       // Q_m and its LSE share one full barrier; so do dO_m and its D.
       ptx::mbar_wait(&ss.bar_q_empty[stage.index], stage.phase ^ 1);
       ptx::mbar_arrive_expect_tx(&ss.bar_q_full[stage.index], Traits::kBytesQ + Traits::kBytesRowStats);
@@ -195,7 +217,6 @@ struct BwdMainKernel {
   // ---------------------------------------------------------------------------------------
   static __device__ void mma(Params const& params, SharedStorage& ss, int mma_tidx) {
     auto const& sched = params.schedule;
-    auto const& geo = sched.geo;
     // The warpgroup index is warp-uniform, but the compiler cannot see that in mma_tidx / 128;
     // through a shuffle from lane 0 it keeps the warpgroup's WGMMA descriptors in uniform
     // registers instead of moving them there (R2UR) before every HGMMA (ncu, hdim 64: 32 R2UR
@@ -256,10 +277,17 @@ struct BwdMainKernel {
     int ds_stage = 0;
     int g = 0;  // this CTA's steps so far: their parity picks the dQ writer (Epilogue::dq_writer)
     uint32_t kv_phase = 0;
-    int const seqlen_q = geo.seqlen_q, seqlen_k = geo.seqlen_k;
+    auto const& problem_geo = sched.geo;
+    int const seqlen_q = problem_geo.seqlen_q, seqlen_k = problem_geo.seqlen_k;
 
     for_each_scheduled_column(params.schedule, ss.work, [&](ColumnCoord const& col) {
-      int const num_steps = sched.num_steps(col);
+      SeqPlace const seq = Epilogue::seq_of(params, col);
+      auto&& csched = Epilogue::column_schedule(params, seq);
+      // The column's geometry and lengths: the problem's (taken outside the column loop; taken
+      // per column, ptxas scheduled the padded kernels' step loops differently) or, varlen, its
+      // sequence's.
+      auto const& geo = Traits::kVarlen ? csched.geo : problem_geo;
+      int const num_steps = Epilogue::column_steps(csched, col);
 
       Tensor tdKrdK = partition_fragment_C(tiled_mma_dKV, Shape<Int<kBlockN>, Int<kHeadDim>>{});
       Tensor tdVrdV = partition_fragment_C(tiled_mma_dKV, Shape<Int<kBlockN>, Int<kHeadDim>>{});
@@ -267,7 +295,7 @@ struct BwdMainKernel {
       clear(tdVrdV);
 
       for (int step = 0; step < num_steps; ++step) {
-        int const m = sched.m_block(col, step);
+        int const m = csched.m_block(col, step);
         float const* sLSE = ss.smem_lse + stage.index * kBlockM;
         float const* sdPsum = ss.smem_dpsum + stage.index * kBlockM;
 
@@ -302,7 +330,8 @@ struct BwdMainKernel {
           for (int i = 0; i < size(tSrS); ++i) {
             int const key = key0 + get<0>(tScS(i));
             int const query = query0 + get<1>(tScS(i));
-            bool const masked = key >= seqlen_k || (Traits::Is_causal && key > query + seqlen_k - seqlen_q);
+            int const sk = Traits::kVarlen ? seq.seqlen_k : seqlen_k, sq = Traits::kVarlen ? seq.seqlen_q : seqlen_q;
+            bool const masked = key >= sk || (Traits::Is_causal && key > query + sk - sq);
             if (masked) { tSrS(i) = -INFINITY; }
           }
         }
@@ -375,7 +404,7 @@ struct BwdMainKernel {
 
       // Epilogue: dK (scaled; dS omitted the softmax scale) and dV straight from registers.
       // Rows past seqlen_k are not stored. A column with no Q tiles stores zeros.
-      Epilogue::store_dkv(params, col, tdKrdK, tdVrdV, tdKVcdKV, mma_tidx);
+      Epilogue::store_dkv(params, col, seq, tdKrdK, tdVrdV, tdKVcdKV, mma_tidx);
     });
   }
 };

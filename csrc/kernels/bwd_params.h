@@ -80,13 +80,25 @@ struct BwdParams {
   int64_t trace_capacity = 0;
 
   // Workspace, sized by bwd_workspace_sizes() and initialised by the preprocess kernel (dQaccum
-  // is zeroed when it has one chain; with several, the first add of each chain stores).
-  float* lse_log2 = nullptr;      // (batch, heads, seqlen_q rounded up to kBlockM)
+  // is zeroed when it has one chain; with several, the first add of each chain stores). Its Q
+  // tiles are (batch, heads, num_m_blocks), or varlen (heads, tiles per head) with each
+  // sequence's tiles from its first (kernels/varlen.h): set cu_seqlens_q and total_q before
+  // sizing it. The LSE / D rows of tile t are t * kBlockM ...
+  float* lse_log2 = nullptr;      // (tiles, kBlockM)
   float* dpsum = nullptr;         // D = rowsum(dO * O), same shape
   // dQ chains: 1, or the config's kdQChains when deterministic (chain c of tile t at c * tiles + t).
-  float* dq_accum = nullptr;      // (chains, batch, heads, num_m_blocks, kBlockM * head_dim), MMA fragment order
-  int* dq_semaphore = nullptr;    // (chains, batch, heads, num_m_blocks)
+  float* dq_accum = nullptr;      // (chains, tiles, kBlockM * head_dim), MMA fragment order
+  int* dq_semaphore = nullptr;    // (chains, tiles)
   int* counters = nullptr;        // kNumCounters ints, zeroed by the preprocess kernel
+
+  // Variable-length batch (FwdParams' layout), when cu_seqlens_q is set: q, dout, out and dq
+  // hold total_q rows, k, v, dk, dv (and the GQA accumulators) total_k, their batch strides
+  // unused; lse is (heads, total_q) (lse_head_stride = total_q). `batch` counts the sequences,
+  // seqlen_q / seqlen_k are the longest ones (the grids are sized by them, the workspace by
+  // total_q). Claimed schedules only, no trace.
+  int const* cu_seqlens_q = nullptr;
+  int const* cu_seqlens_k = nullptr;
+  int total_q = 0, total_k = 0;
 };
 
 // Counters of the workspace: columns claimed by the persistent CTAs, trace records written,

@@ -16,6 +16,8 @@
 //   landed), the others for the whole main grid (griddepcontrol.wait).
 #pragma once
 
+#include <type_traits>
+
 #include <cute/tensor.hpp>
 #include <cutlass/numeric_types.h>
 
@@ -30,7 +32,7 @@ struct PrepostParams {
   BSHDStrides out_strides, dout_strides;
   float const* lse;  // (b, h, seqlen_q), natural log
   int64_t lse_batch_stride, lse_head_stride;
-  float* lse_log2;   // (b, h, seqlen_q_rounded)
+  float* lse_log2;   // (tiles, kBlockM): row bh of stats_bh_stride floats, or varlen (bwd_params.h)
   float* dpsum;
   float* dq_accum;
   int* dq_semaphore;
@@ -39,13 +41,89 @@ struct PrepostParams {
   BSHDStrides dq_strides;
   int seqlen_q, seqlen_k, num_heads, num_m_blocks;
   int dq_chains;           // 1, or Traits::kdQChains when deterministic (bwd_params.h)
-  int64_t dq_chain_tiles;  // tiles per chain: batch * heads * num_m_blocks
-  int64_t stats_bh_stride;
+  int64_t dq_chain_tiles;  // tiles per chain: batch * heads * num_m_blocks (varlen: heads * tiles_per_head)
+  int64_t stats_bh_stride;  // varlen: per head (tiles_per_head * kBlockM)
   float softmax_scale;
   // Convert: launched under the main kernel, waiting per tile on dq_semaphore (deterministic;
   // the main kernel's writers count the adds there). False: waits for the main grid.
   bool wait_per_tile;
+  // Traits::kVarlen: the sequences' first rows (kernels/varlen.h); seqlen_q / seqlen_k are then
+  // the longest sequence's, the grid the padded one, and out, dout, dq and lse ((heads,
+  // total_q), lse_head_stride = total_q) are addressed from the sequence's first row.
+  int const* cu_seqlens_q;
+  int const* cu_seqlens_k;
+  // Varlen: where the preprocess NaN-fills the gradients of a sequence longer than the padded
+  // grids (load_seq_place_within): dk, dv as Element, or under GQA their fp32 accumulators.
+  void* dk;
+  void* dv;
+  BSHDStrides dk_strides, dv_strides;
+  float* dk_accum;
+  float* dv_accum;
+  BSHDStrides dkv_accum_strides;
+  int num_heads_k;
+  int tiles_per_head;  // varlen: the workspace's Q tiles per head (kernels/varlen.h)
 };
+
+// The first row of batch entry b of a (b, s, h, d) tensor, relative to its head's: b * batch
+// stride, or varlen the sequence's first row times the row stride.
+template <class Traits>
+__device__ __forceinline__ int64_t batch_rows_offset(BSHDStrides const& st, int b, SeqPlace const& seq) {
+  return Traits::kVarlen ? int64_t(seq.row_q) * st.row : int64_t(b) * st.batch;
+}
+
+// Workspace tile (b, h, 0): row bh of the padded layout, or varlen head h from the sequence's
+// first tile (kernels/varlen.h). Tile t's LSE / D rows are t * kBlockM ...
+template <class Traits>
+__device__ __forceinline__ int64_t workspace_first_tile(PrepostParams const& p, int b, int h, SeqPlace const& seq) {
+  if constexpr (Traits::kVarlen) {
+    return int64_t(h) * p.tiles_per_head + varlen_first_tile(seq.row_q, b, Traits::kBlockM);
+  } else {
+    return (int64_t(b) * p.num_heads + h) * p.num_m_blocks;
+  }
+}
+
+// The lengths (and varlen place) of batch entry b: the problem's, or its sequence's.
+template <class Traits>
+__device__ __forceinline__ SeqPlace prepost_seq(PrepostParams const& p, int b) {
+  if constexpr (Traits::kVarlen) {
+    return load_seq_place_within(p.cu_seqlens_q, p.cu_seqlens_k, b, p.seqlen_q, p.seqlen_k);
+  } else {
+    SeqPlace s;
+    s.seqlen_q = p.seqlen_q;
+    s.seqlen_k = p.seqlen_k;
+    return s;
+  }
+}
+
+// Varlen: a sequence longer than the padded grids gets no work in the backward
+// (load_seq_place_within), so its gradients would stay unwritten: the preprocess's first Q-tile
+// block of each (b, h) writes NaN to all of the sequence's rows of head h of dq, and of dk and dv
+// (or their GQA accumulators) when h is also a KV head. Nothing later writes those rows.
+template <class Traits>
+__device__ __noinline__ void fill_nan_if_longer_than_grid(PrepostParams const& p, int b, int h) {
+  using Element = typename Traits::Element;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  SeqPlace const s = load_seq_place(p.cu_seqlens_q, p.cu_seqlens_k, b);
+  if (s.seqlen_q <= p.seqlen_q && s.seqlen_k <= p.seqlen_k) { return; }
+  float const nan = __int_as_float(0x7fffffff);
+  auto fill = [&](auto* base, BSHDStrides const& st, int first_row, int rows) {
+    using T = std::remove_pointer_t<decltype(base)>;
+    T* head = base + int64_t(first_row) * st.row + int64_t(h) * st.head;
+    for (int64_t i = threadIdx.x; i < int64_t(rows) * kHeadDim; i += blockDim.x) {
+      head[(i / kHeadDim) * st.row + i % kHeadDim] = T(nan);
+    }
+  };
+  fill(static_cast<Element*>(p.dq), p.dq_strides, s.row_q, s.seqlen_q);
+  if (h < p.num_heads_k) {
+    if (p.dk_accum != nullptr) {
+      fill(p.dk_accum, p.dkv_accum_strides, s.row_k, s.seqlen_k);
+      fill(p.dv_accum, p.dkv_accum_strides, s.row_k, s.seqlen_k);
+    } else {
+      fill(static_cast<Element*>(p.dk), p.dk_strides, s.row_k, s.seqlen_k);
+      fill(static_cast<Element*>(p.dv), p.dv_strides, s.row_k, s.seqlen_k);
+    }
+  }
+}
 
 template <class Traits>
 __global__ void __launch_bounds__(kPreprocessThreads)
@@ -61,15 +139,28 @@ __global__ void __launch_bounds__(kPreprocessThreads)
   int const m = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   int const tid = threadIdx.x;
   int64_t const bh = int64_t(b) * p.num_heads + h;
+  SeqPlace const seq = prepost_seq<Traits>(p, b);
+  int const seqlen_q = seq.seqlen_q;
+  if constexpr (Traits::kVarlen) {
+    if (m == 0) { fill_nan_if_longer_than_grid<Traits>(p, b, h); }
+    if (tid < kNumCounters && m == 0 && h == 0 && b == 0) { p.counters[tid] = 0; }
+    // The padded grid's blocks past the sequence's Q tiles have no workspace tile: the next
+    // ones belong to the next sequence (kernels/varlen.h).
+    if (m * kBlockM >= seqlen_q) { return; }
+  }
+  // Varlen: the first LSE / D row of this (b, h) (workspace_first_tile); padded: row bh's.
+  int64_t const varlen_stats_row0 = Traits::kVarlen ? workspace_first_tile<Traits>(p, b, h, seq) * kBlockM : 0;
 
-  Element const* o = static_cast<Element const*>(p.out) + b * p.out_strides.batch + h * p.out_strides.head;
-  Element const* dout = static_cast<Element const*>(p.dout) + b * p.dout_strides.batch + h * p.dout_strides.head;
+  Element const* o = static_cast<Element const*>(p.out) + batch_rows_offset<Traits>(p.out_strides, b, seq) +
+                     h * p.out_strides.head;
+  Element const* dout = static_cast<Element const*>(p.dout) + batch_rows_offset<Traits>(p.dout_strides, b, seq) +
+                        h * p.dout_strides.head;
   int const col = (tid % kThreadsPerRow) * kVec;
   CUTLASS_PRAGMA_UNROLL
   for (int r0 = 0; r0 < kBlockM; r0 += kRowsPerPass) {
     int const row = m * kBlockM + r0 + tid / kThreadsPerRow;
     float acc = 0.f;
-    if (row < p.seqlen_q) {
+    if (row < seqlen_q) {
       cutlass::Array<Element, kVec> ov = *reinterpret_cast<cutlass::Array<Element, kVec> const*>(o + row * p.out_strides.row + col);
       cutlass::Array<Element, kVec> dov = *reinterpret_cast<cutlass::Array<Element, kVec> const*>(dout + row * p.dout_strides.row + col);
       CUTLASS_PRAGMA_UNROLL
@@ -77,26 +168,29 @@ __global__ void __launch_bounds__(kPreprocessThreads)
     }
     CUTLASS_PRAGMA_UNROLL
     for (int offset = kThreadsPerRow / 2; offset > 0; offset /= 2) { acc += __shfl_xor_sync(0xffffffff, acc, offset); }
-    if (tid % kThreadsPerRow == 0) { p.dpsum[bh * p.stats_bh_stride + row] = acc; }  // 0 for padding rows
+    if (tid % kThreadsPerRow == 0) {  // 0 for padding rows
+      p.dpsum[(Traits::kVarlen ? varlen_stats_row0 : bh * p.stats_bh_stride) + row] = acc;
+    }
   }
 
   for (int i = tid; i < kBlockM; i += kPreprocessThreads) {
     int const row = m * kBlockM + i;
-    float lse_log2 = INFINITY;  // padding rows: P = exp2(s - inf) = 0
-    if (row < p.seqlen_q) {
-      float const lse = p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + row];
+    float lse_log2 = INFINITY;  // padding rows (and varlen rows past the sequence): P = exp2(s - inf) = 0
+    if (row < seqlen_q) {
+      float const lse = p.lse[(Traits::kVarlen ? int64_t(seq.row_q) : int64_t(b) * p.lse_batch_stride) +
+                              h * p.lse_head_stride + row];
       lse_log2 = lse == -INFINITY ? 0.f : lse * float(M_LOG2E);
     }
-    p.lse_log2[bh * p.stats_bh_stride + row] = lse_log2;
+    p.lse_log2[(Traits::kVarlen ? varlen_stats_row0 : bh * p.stats_bh_stride) + row] = lse_log2;
   }
 
-  int64_t const tile = bh * p.num_m_blocks + m;
+  int64_t const tile = Traits::kVarlen ? workspace_first_tile<Traits>(p, b, h, seq) + m : bh * p.num_m_blocks + m;
   if (p.dq_chains == 1) {  // several (deterministic) chains start with a store instead
     float4* chunk = reinterpret_cast<float4*>(p.dq_accum + tile * (kBlockM * kHeadDim));
     for (int i = tid; i < kBlockM * kHeadDim / 4; i += kPreprocessThreads) { chunk[i] = make_float4(0.f, 0.f, 0.f, 0.f); }
   }
   if (tid < p.dq_chains) { p.dq_semaphore[tid * p.dq_chain_tiles + tile] = 0; }
-  if (tid < kNumCounters && m == 0 && h == 0 && b == 0) { p.counters[tid] = 0; }
+  if (!Traits::kVarlen && tid < kNumCounters && m == 0 && h == 0 && b == 0) { p.counters[tid] = 0; }
 }
 
 template <class Traits>
@@ -111,19 +205,27 @@ __global__ void __launch_bounds__(Traits::NumMmaThreads)
   int const tid = threadIdx.x;  // plays MMA thread `tid` of the main kernel
   int const wg = tid / 128, wg_tidx = tid % 128;
   int64_t const bh = int64_t(b) * p.num_heads + h;
-
-  int64_t const tile = bh * p.num_m_blocks + m;
-  // Chains that received an add: all of them without determinism (one, zeroed by the
-  // preprocess), else min(chains, contributions), the tile's contributions being the columns
-  // [0, n_end(m)) (schedule.h).
-  int chains = p.dq_chains;
-  if (chains > 1) {
+  SeqPlace const seq = prepost_seq<Traits>(p, b);
+  // The tile's contributions: the columns [0, n_end(m)) of its sequence (schedule.h); none
+  // for a varlen tile past its sequence's rows (no column visits it).
+  auto const contributions = [&] {
     TileGeometryT<StaticBlocks<kBlockM, Traits::kBlockN>> geo;
-    geo.seqlen_q = p.seqlen_q;
-    geo.seqlen_k = p.seqlen_k;
+    geo.seqlen_q = Traits::kVarlen ? seq.seqlen_q : p.seqlen_q;
+    geo.seqlen_k = Traits::kVarlen ? seq.seqlen_k : p.seqlen_k;
     geo.causal = Traits::Is_causal;
-    chains = min_int(chains, geo.n_end(m));
-  }
+    if constexpr (Traits::kVarlen) {
+      if (m * kBlockM >= seq.seqlen_q) { return 0; }
+    }
+    return geo.n_end(m);
+  };
+
+  int64_t const tile = Traits::kVarlen ? workspace_first_tile<Traits>(p, b, h, seq) + m : bh * p.num_m_blocks + m;
+  // Chains that received an add: all of them without determinism (one, zeroed by the
+  // preprocess), else min(chains, contributions); none for a varlen block past its sequence's
+  // Q tiles (it has no workspace tile: the next ones are the next sequence's).
+  int chains = p.dq_chains;
+  if (chains > 1) { chains = min_int(chains, contributions()); }
+  if (Traits::kVarlen && m * kBlockM >= seq.seqlen_q) { chains = 0; }
   if (p.wait_per_tile) {
     // Chain c of the tile receives the turns c, c + dq_chains, ... of its n_end(m)
     // contributions; the writer of each releases the chain's semaphore (red.release.gpu) only
@@ -132,13 +234,9 @@ __global__ void __launch_bounds__(Traits::NumMmaThreads)
     // CTA. The main grid's CTAs are all resident before this grid launches (they trigger it),
     // so the wait cannot starve them.
     if (tid == 0) {
-      TileGeometryT<StaticBlocks<kBlockM, Traits::kBlockN>> geo;
-      geo.seqlen_q = p.seqlen_q;
-      geo.seqlen_k = p.seqlen_k;
-      geo.causal = Traits::Is_causal;
-      int const contributions = geo.n_end(m);
+      int const adds_total = contributions();
       for (int c = 0; c < chains; ++c) {
-        int const adds = (contributions - c + p.dq_chains - 1) / p.dq_chains;
+        int const adds = (adds_total - c + p.dq_chains - 1) / p.dq_chains;
         int const* sem = p.dq_semaphore + c * p.dq_chain_tiles + tile;
         while (ptx::ld_acquire_gpu(sem) < adds) { __nanosleep(256); }
       }
@@ -164,9 +262,11 @@ __global__ void __launch_bounds__(Traits::NumMmaThreads)
   typename Traits::TiledMmadQ tiled_mma_dQ;
   Tensor tdQcdQ = tiled_mma_dQ.get_thread_slice(tid).partition_C(make_identity_tensor(typename Traits::TileShapedQAcc{}));
   static_assert(decltype(size(tdQcdQ))::value == kValues);
-  Element* dq = static_cast<Element*>(p.dq) + b * p.dq_strides.batch + h * p.dq_strides.head;
+  Element* dq = static_cast<Element*>(p.dq) + batch_rows_offset<Traits>(p.dq_strides, b, seq) +
+                h * p.dq_strides.head;
+  int const seqlen_q = seq.seqlen_q;
   if constexpr (!Traits::dQ_transposed) {
-    store_acc_rows_16B(vals, tdQcdQ, p.softmax_scale, dq, p.dq_strides.row, m * kBlockM, p.seqlen_q);
+    store_acc_rows_16B(vals, tdQcdQ, p.softmax_scale, dq, p.dq_strides.row, m * kBlockM, seqlen_q);
   } else {
     // The accumulator is dQ^T: a thread's values run along the query (output row) axis, so
     // they are transposed through shared memory into (query, head dim) rows and stored 16
@@ -181,7 +281,7 @@ __global__ void __launch_bounds__(Traits::NumMmaThreads)
     for (int c = tid; c < kBlockM * kChunksPerRow; c += Traits::NumMmaThreads) {
       int const r = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
       int const row = m * kBlockM + r;
-      if (row >= p.seqlen_q) { continue; }
+      if (row >= seqlen_q) { continue; }
       float4 const lo = *reinterpret_cast<float4 const*>(tile + r * kPitch + col);
       float4 const hi = *reinterpret_cast<float4 const*>(tile + r * kPitch + col + 4);
       float const s = p.softmax_scale;

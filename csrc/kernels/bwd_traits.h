@@ -11,6 +11,7 @@
 #include "generated/tile_config.h"
 #include "kernels/bwd_params.h"
 #include "kernels/mma_utils.h"
+#include "kernels/varlen.h"
 #include "kernels/work_ring.h"
 #include "schedule/schedule.h"
 
@@ -18,7 +19,8 @@ namespace dash {
 
 using namespace cute;
 
-template <int kHeadDim_, bool Is_causal_, class Element_>
+// kVarlen_: a variable-length batch (BwdParams::cu_seqlens_q; kernels/varlen.h).
+template <int kHeadDim_, bool Is_causal_, class Element_, bool kVarlen_ = false>
 struct BwdTraits {
   using Config = BwdTileConfig<kHeadDim_, Is_causal_>;
   using Element = Element_;
@@ -26,6 +28,7 @@ struct BwdTraits {
 
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr bool Is_causal = Is_causal_;
+  static constexpr bool kVarlen = kVarlen_;
   static constexpr int kBlockM = Config::kBlockM;
   static constexpr int kBlockN = Config::kBlockN;
   static constexpr int NumMmaWarpGroups = Config::NumMmaWarpGroups;
@@ -180,9 +183,9 @@ struct BwdTraits {
     TMA_QdO tma_q, tma_do;
     TMA_KV tma_k, tma_v;
     ShapeBSHD shape_q, shape_k;
-    float const* lse_log2;  // (b, h, seqlen_q_rounded)
+    float const* lse_log2;  // (b, h, seqlen_q_rounded); varlen (h, tiles per head * kBlockM)
     float const* dpsum;
-    int64_t stats_bh_stride;  // = seqlen_q_rounded
+    int64_t stats_bh_stride;  // = seqlen_q_rounded (varlen: per head, dq_tiles_per_head * kBlockM)
     float* dq_accum;
     int* dq_semaphore;
     int dq_chain_tiles;  // deterministic: chain c of dQ tile t is tile c * dq_chain_tiles + t
@@ -201,6 +204,15 @@ struct BwdTraits {
     int num_heads, num_heads_k, heads_per_kv_head;
     bool deterministic;
     Schedule schedule;
+    // kVarlen only: the sequences' first rows ((batch + 1) each); shape_q / shape_k are then
+    // (total rows, d, heads, 1) and the schedule's geometry is the longest sequence's.
+    int const* cu_seqlens_q;
+    int const* cu_seqlens_k;
+    // kVarlen only: the workspace's Q tiles per head (kernels/varlen.h), as a parameter: the dQ
+    // writer multiplies by it straight from the constant bank (a value derived in the kernel
+    // took a register, which spilled beside the sequence's lengths in the writer's 24). The
+    // LSE / D rows of head h start at h * stats_bh_stride, which is this times kBlockM.
+    int dq_tiles_per_head;
   };
 };
 

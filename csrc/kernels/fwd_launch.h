@@ -65,17 +65,21 @@ typename Traits::MainParams make_fwd_main_params(FwdParams const& p, BSHDStrides
     return make_tensor(make_gmem_ptr(static_cast<Element const*>(ptr)), make_shape(seqlen, Int<kHeadDim>{}, heads, batch),
                        make_stride(s.row, _1{}, s.head, s.batch));
   };
+  // Varlen: the packed tensors as one batch of total_q / total_k rows.
+  constexpr bool kVarlen = Traits::kVarlen;
+  int const rows_q = kVarlen ? p.total_q : p.seqlen_q, rows_k = kVarlen ? p.total_k : p.seqlen_k;
+  int const batch = kVarlen ? 1 : p.batch;
   typename Traits::MainParams mp;
-  mp.tma_q = make_tma_copy(SM90_TMA_LOAD{}, make_gmem(p.q, p.seqlen_q, p.num_heads, p.batch, q_st),
+  mp.tma_q = make_tma_copy(SM90_TMA_LOAD{}, make_gmem(p.q, rows_q, p.num_heads, batch, q_st),
                            take<0, 2>(typename Traits::SmemLayoutQ{}), Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{});
-  mp.tma_k = make_tma_copy(typename Traits::TmaKVOp{}, make_gmem(p.k, p.seqlen_k, p.num_heads_k, p.batch, k_st),
+  mp.tma_k = make_tma_copy(typename Traits::TmaKVOp{}, make_gmem(p.k, rows_k, p.num_heads_k, batch, k_st),
                            take<0, 2>(typename Traits::SmemLayoutK{}), Shape<Int<kBlockN>, Int<kHeadDim>>{},
                            Int<kClusterM>{});
-  mp.tma_v = make_tma_copy(typename Traits::TmaKVOp{}, make_gmem(p.v, p.seqlen_k, p.num_heads_k, p.batch, v_st),
+  mp.tma_v = make_tma_copy(typename Traits::TmaKVOp{}, make_gmem(p.v, rows_k, p.num_heads_k, batch, v_st),
                            take<0, 2>(typename Traits::SmemLayoutV{}), Shape<Int<kBlockN>, Int<kHeadDim>>{},
                            Int<kClusterM>{});
-  mp.shape_q = typename Traits::ShapeBSHD{p.seqlen_q, kHeadDim, p.num_heads, p.batch};
-  mp.shape_k = typename Traits::ShapeBSHD{p.seqlen_k, kHeadDim, p.num_heads_k, p.batch};
+  mp.shape_q = typename Traits::ShapeBSHD{rows_q, kHeadDim, p.num_heads, batch};
+  mp.shape_k = typename Traits::ShapeBSHD{rows_k, kHeadDim, p.num_heads_k, batch};
   mp.out = static_cast<Element*>(p.out);
   mp.out_strides = p.out_strides;
   mp.lse = p.lse;
@@ -93,17 +97,36 @@ typename Traits::MainParams make_fwd_main_params(FwdParams const& p, BSHDStrides
                         num_bh);
   mp.order.num_tiles = num_bh * mp.order.num_m_blocks;
   mp.tile_counter = p.tile_counter;
+  mp.cu_seqlens_q = p.cu_seqlens_q;
+  mp.cu_seqlens_k = p.cu_seqlens_k;
+  mp.lse_head_stride = p.total_q;
   return mp;
+}
+
+// The persistent one-CTA-per-tile launch of Traits' kernel (at most one CTA per Q tile).
+template <class Traits>
+void launch_fwd_persistent(FwdParams const& p, BSHDStrides q_st, BSHDStrides k_st, BSHDStrides v_st, int num_m_blocks,
+                           int64_t num_bh, int64_t num_tiles, cudaStream_t stream) {
+  auto const mp = make_fwd_main_params<Traits>(p, q_st, k_st, v_st, num_m_blocks, int(num_bh));
+  constexpr auto kernel = &fwd_main_kernel<Traits>;
+  constexpr int smem_bytes = Traits::kSmemBytes;
+  ensure_max_dynamic_smem<kernel>(smem_bytes);
+  int const num_ctas = num_tiles < p.num_ctas_max ? int(num_tiles) : p.num_ctas_max;
+  check_cuda(cudaMemsetAsync(p.tile_counter, 0, sizeof(int), stream), "cudaMemsetAsync(tile_counter)");
+  kernel<<<num_ctas, Traits::NumThreads, smem_bytes, stream>>>(mp);
+  check_cuda(cudaGetLastError(), "launch of fwd_main_kernel");
 }
 
 template <int kHeadDim, bool Is_causal, class Element>
 void run_fwd_impl(FwdParams const& p, cudaStream_t stream) {
   using Traits = FwdTraits<kHeadDim, Is_causal, Element>;
   constexpr int kBlockM = Traits::kBlockM;
+  bool const varlen = p.cu_seqlens_q != nullptr;
 
   if (p.batch < 1 || p.seqlen_q < 1 || p.seqlen_k < 1 || p.num_heads < 1) {
-    throw std::invalid_argument("DASH forward: empty problem (batch=" + std::to_string(p.batch) + ", seqlen_q=" +
-                                std::to_string(p.seqlen_q) + ", seqlen_k=" + std::to_string(p.seqlen_k) +
+    throw std::invalid_argument("DASH forward: empty problem (batch=" + std::to_string(p.batch) + ", " +
+                                (varlen ? "max_seqlen_q=" : "seqlen_q=") + std::to_string(p.seqlen_q) + ", " +
+                                (varlen ? "max_seqlen_k=" : "seqlen_k=") + std::to_string(p.seqlen_k) +
                                 ", heads=" + std::to_string(p.num_heads) + ")");
   }
   if (p.num_heads_k < 1 || p.num_heads % p.num_heads_k != 0) {
@@ -117,6 +140,11 @@ void run_fwd_impl(FwdParams const& p, cudaStream_t stream) {
   if (p.out == nullptr || p.lse == nullptr || p.tile_counter == nullptr) {
     throw std::invalid_argument("DASH forward: out, lse and tile_counter are required");
   }
+  if (varlen && (p.cu_seqlens_k == nullptr || p.total_q < 1 || p.total_k < 1)) {
+    throw std::invalid_argument("DASH forward: a varlen problem needs cu_seqlens_q, cu_seqlens_k and at least one "
+                                "row of q and of k (total_q=" + std::to_string(p.total_q) + ", total_k=" +
+                                std::to_string(p.total_k) + ")");
+  }
   int const num_m_blocks = ceil_div_int(p.seqlen_q, kBlockM);
   int64_t const num_bh = int64_t(p.batch) * p.num_heads;
   int64_t const num_tiles = num_bh * num_m_blocks;
@@ -126,13 +154,22 @@ void run_fwd_impl(FwdParams const& p, cudaStream_t stream) {
                                 ")) exceed the supported " + std::to_string(INT_MAX / 2));
   }
   int const eb = int(sizeof(Element));
+  // Varlen tensors are one batch of total_q / total_k rows.
+  int const rows_q = varlen ? p.total_q : p.seqlen_q, rows_k = varlen ? p.total_k : p.seqlen_k;
+  int const batch = varlen ? 1 : p.batch;
   auto checked = [&](char const* name, void const* ptr, BSHDStrides strides, int seqlen, int heads) {
-    return checked_tma_strides(name, ptr, strides, seqlen, heads, p.batch, kHeadDim, eb, "DASH forward");
+    return checked_tma_strides(name, ptr, strides, seqlen, heads, batch, kHeadDim, eb, "DASH forward");
   };
-  BSHDStrides const q_st = checked("q", p.q, p.q_strides, p.seqlen_q, p.num_heads);
-  BSHDStrides const k_st = checked("k", p.k, p.k_strides, p.seqlen_k, p.num_heads_k);
-  BSHDStrides const v_st = checked("v", p.v, p.v_strides, p.seqlen_k, p.num_heads_k);
-  checked("out", p.out, p.out_strides, p.seqlen_q, p.num_heads);  // the epilogue stores 16-byte row segments
+  BSHDStrides const q_st = checked("q", p.q, p.q_strides, rows_q, p.num_heads);
+  BSHDStrides const k_st = checked("k", p.k, p.k_strides, rows_k, p.num_heads_k);
+  BSHDStrides const v_st = checked("v", p.v, p.v_strides, rows_k, p.num_heads_k);
+  checked("out", p.out, p.out_strides, rows_q, p.num_heads);  // the epilogue stores 16-byte row segments
+
+  if (varlen) {
+    launch_fwd_persistent<FwdTraits<kHeadDim, Is_causal, Element, 1, true>>(p, q_st, k_st, v_st, num_m_blocks, num_bh,
+                                                                            num_tiles, stream);
+    return;
+  }
 
   // Clusters of two with K/V multicast (FwdTileConfig.kv_multicast) when the Q tiles pair up
   // and two SMs are allowed; otherwise one CTA per tile. Both give the same bits: a Q tile's
@@ -161,15 +198,7 @@ void run_fwd_impl(FwdParams const& p, cudaStream_t stream) {
       }
     }
   }
-
-  auto const mp = make_fwd_main_params<Traits>(p, q_st, k_st, v_st, num_m_blocks, int(num_bh));
-  constexpr auto kernel = &fwd_main_kernel<Traits>;
-  constexpr int smem_bytes = Traits::kSmemBytes;
-  ensure_max_dynamic_smem<kernel>(smem_bytes);
-  int const num_ctas = num_tiles < p.num_ctas_max ? int(num_tiles) : p.num_ctas_max;
-  check_cuda(cudaMemsetAsync(p.tile_counter, 0, sizeof(int), stream), "cudaMemsetAsync(tile_counter)");
-  kernel<<<num_ctas, Traits::NumThreads, smem_bytes, stream>>>(mp);
-  check_cuda(cudaGetLastError(), "launch of fwd_main_kernel");
+  launch_fwd_persistent<Traits>(p, q_st, k_st, v_st, num_m_blocks, num_bh, num_tiles, stream);
 }
 
 template <int kHeadDim, class Element>

@@ -26,6 +26,12 @@
 // lockstep, and each producer loads half of every K and V block into both CTAs' shared memory
 // (TMA multicast), so L2 serves each block once per pair of tiles. A stage is then refilled only
 // when the MMA warps of both CTAs have released it (release_kv).
+// Varlen (FwdTraits::kVarlen, FA3's flash_attn_varlen_func): the sequences lie packed along the
+// rows of q, k, v and out. The grid of Q tiles is sized for the longest sequence; the producer
+// reads each claimed tile's sequence from cu_seqlens, skips tiles past its end and hands the
+// rest to the MMA warpgroups with their sequence's place (FwdSeqTile). Loads start at the
+// sequence's first row; rows beyond it (the next sequence's, or TMA's zero fill past the
+// tensor) are masked as keys and never stored as queries.
 // Q tiles go through kStagesQ shared-memory buffers (FwdTileConfig.q_stages): with two, the
 // next tile's Q is loaded while the current tile runs (hdim 64 full; at hdim 128 two buffers
 // measured slower, kernel notes, seventeenth pass).
@@ -56,6 +62,7 @@ struct FwdMainKernel {
   static constexpr int NumMmaThreads = Traits::NumMmaThreads;
   static constexpr int NumMmaWarpGroups = Traits::NumMmaWarpGroups;
   static constexpr bool Is_causal = Traits::Is_causal;
+  static constexpr bool kVarlen = Traits::kVarlen;
   using KVState = PipelineState<Traits::kStages>;
   using QState = PipelineState<Traits::kStagesQ>;
   static constexpr int kClusterM = Traits::kClusterM;
@@ -104,6 +111,34 @@ struct FwdMainKernel {
   // (`rank`: ptx::cluster_ctarank(), read once by the caller; 0 without a cluster).
   static __device__ __forceinline__ int q_tile_of(FwdTileOrder::Tile const& tile, uint32_t rank) {
     return kClusterM * tile.m + int(rank);
+  }
+
+  // Varlen: the first work item from `t` on (t is advanced to it) whose Q tile holds a row of
+  // its sequence, with the sequence's place. The order's grid is sized for the longest
+  // sequence; the tiles past a shorter one's end are dropped here and never reach the MMA
+  // warpgroups. Past the last item: item >= num_tiles, nothing else read.
+  static __device__ __forceinline__ FwdSeqTile next_seq_tile(Params const& p, int& t) {
+    for (;; t = next_item(p, t)) {
+      FwdSeqTile s;
+      s.item = t;
+      if (t >= p.order.num_tiles) { return s; }
+      auto const tile = p.order.tile(t);
+      s.bh = tile.bh;
+      s.m = tile.m;
+      s.seq = load_seq_place(p.cu_seqlens_q, p.cu_seqlens_k, tile.bh / p.num_heads);
+      if (s.m * kBlockM < s.seq.seqlen_q) { return s; }
+    }
+  }
+
+  // The tile geometry (blocks per tile, which need a mask) of a received work item: the
+  // problem's (a reference into the parameters) or, varlen, its sequence's.
+  template <class Work>
+  static __device__ __forceinline__ decltype(auto) geometry_of(Params const& p, Work const& work) {
+    if constexpr (kVarlen) {
+      return with_lengths(p.geo, work.seq);
+    } else {
+      return (p.geo);
+    }
   }
 
   // An MMA thread is done reading K/V stage `bar`'s buffer. With a cluster lane 0 of each warp
@@ -168,27 +203,8 @@ struct FwdMainKernel {
 
     KVState kv;
     QState qs;
-    uint32_t const rank = kClusterM == 1 ? 0u : ptx::cluster_ctarank();
-    int t = first_item();
-    for (int k = 0;; ++k) {
-      ss.work.publish(k, t);
-      if (t >= p.order.num_tiles) { break; }
-      auto const tile = p.order.tile(t);
-      int const m = q_tile_of(tile, rank);
-      int const n_end = p.geo.n_end(m);  // 0: no row of the tile sees a key
-      if (n_end == 0) {
-        t = next_item(p, t);
-        continue;
-      }
-      int const b = tile.bh / p.num_heads, h = tile.bh - b * p.num_heads;
-      int const h_kv = h / p.heads_per_kv_head;
-      Tensor gQ = local_tile(mQ(_, _, h, b), Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m, _0{}));
-      Tensor gK = local_tile(mK(_, _, h_kv, b), Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));
-      Tensor gV = local_tile(mV(_, _, h_kv, b), Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));
-      Tensor tQgQ = tma_q.partition_S(gQ);
-      Tensor tKgK = tma_k.partition_S(gK);  // (TMA, 1, 1, n)
-      Tensor tVgV = tma_v.partition_S(gV);
-
+    // One Q tile's loads: its Q, then K and V of blocks n_end - 1 down to 0.
+    auto load_tile = [&](auto const& tQgQ, auto const& tKgK, auto const& tVgV, int n_end) {
       // A Q buffer is free once every MMA thread's last S GEMM of the tile it held is done.
       // With one buffer (kStagesQ = 1) that is the tile the MMA warpgroups are still working
       // on, so this load waits for its last S GEMM. With two it is the tile before that one,
@@ -199,7 +215,7 @@ struct FwdMainKernel {
       ptx::mbar_arrive_expect_tx(&ss.bar_q_full[qs.index], Traits::kBytesQ);
       copy(p.tma_q.with(ss.bar_q_full[qs.index], 0), tQgQ, tQsQ(_, _, _, qs.index));
       qs.advance();
-      for (int n = n_end - 1; n >= 0; --n) {
+      auto load_kv = [&](int n) {
         // K_n is needed first (S), V_n one step later (O += P V).
         ptx::mbar_wait(&ss.bar_k_empty[kv.index], kv.phase ^ 1);
         ptx::mbar_arrive_expect_tx(&ss.bar_k_full[kv.index], Traits::kBytesKV);
@@ -208,6 +224,54 @@ struct FwdMainKernel {
         ptx::mbar_arrive_expect_tx(&ss.bar_v_full[kv.index], Traits::kBytesKV);
         copy(kv_load(p.tma_v, ss.bar_v_full[kv.index]), tVgV(_, _, _, n), tVsV(_, _, _, kv.index));
         kv.advance();
+      };
+      if constexpr (kVarlen) {
+        // Not unrolled: unrolled, the varlen loop (its rows offset by the sequence's first row)
+        // spilled in the producer's 24 registers.
+#pragma unroll 1
+        for (int n = n_end - 1; n >= 0; --n) { load_kv(n); }
+      } else {
+        for (int n = n_end - 1; n >= 0; --n) { load_kv(n); }
+      }
+    };
+    uint32_t const rank = kClusterM == 1 ? 0u : ptx::cluster_ctarank();
+    int t = first_item();
+    for (int k = 0;; ++k) {
+      if constexpr (kVarlen) {
+        FwdSeqTile const s = next_seq_tile(p, t);
+        ss.work.publish(k, s);
+        if (t >= p.order.num_tiles) { break; }
+        int const n_end = geometry_of(p, s).n_end(s.m);  // 0: no row of the tile sees a key
+        if (n_end == 0) {
+          t = next_item(p, t);
+          continue;
+        }
+        int const h = s.bh % p.num_heads;
+        int const h_kv = h / p.heads_per_kv_head;
+        // The sequence's rows, from its first one in the packed tensors.
+        Tensor gQ = local_tile(domain_offset(make_coord(s.seq.row_q, _0{}), mQ(_, _, h, _0{})),
+                               Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(s.m, _0{}));
+        Tensor gK = local_tile(domain_offset(make_coord(s.seq.row_k, _0{}), mK(_, _, h_kv, _0{})),
+                               Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));
+        Tensor gV = local_tile(domain_offset(make_coord(s.seq.row_k, _0{}), mV(_, _, h_kv, _0{})),
+                               Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));
+        load_tile(tma_q.partition_S(gQ), tma_k.partition_S(gK), tma_v.partition_S(gV), n_end);
+      } else {
+        ss.work.publish(k, t);
+        if (t >= p.order.num_tiles) { break; }
+        auto const tile = p.order.tile(t);
+        int const m = q_tile_of(tile, rank);
+        int const n_end = p.geo.n_end(m);  // 0: no row of the tile sees a key
+        if (n_end == 0) {
+          t = next_item(p, t);
+          continue;
+        }
+        int const b = tile.bh / p.num_heads, h = tile.bh - b * p.num_heads;
+        int const h_kv = h / p.heads_per_kv_head;
+        Tensor gQ = local_tile(mQ(_, _, h, b), Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m, _0{}));
+        Tensor gK = local_tile(mK(_, _, h_kv, b), Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));
+        Tensor gV = local_tile(mV(_, _, h_kv, b), Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));
+        load_tile(tma_q.partition_S(gQ), tma_k.partition_S(gK), tma_v.partition_S(gV), n_end);
       }
       // The next tile is claimed once this one's last loads are issued, while the MMA
       // warpgroups still have up to kStages blocks of it to go: claiming it when this tile's
@@ -319,15 +383,15 @@ struct FwdMainKernel {
   }
 
   // Masks S of block n of Q tile m: keys past seqlen_k, and (causal) keys after the query's
-  // diagonal (bottom-right aligned).
-  template <class Frag, class Coords>
-  static __device__ __forceinline__ void apply_mask(Params const& p, Frag& s, Coords const& tScS, int m, int n) {
+  // diagonal (bottom-right aligned). `geo`: geometry_of the tile.
+  template <class Geo, class Frag, class Coords>
+  static __device__ __forceinline__ void apply_mask(Geo const& geo, Frag& s, Coords const& tScS, int m, int n) {
     int const key0 = n * kBlockN, query0 = m * kBlockM;
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < size(s); ++i) {
       int const key = key0 + get<1>(tScS(i));
       int const query = query0 + get<0>(tScS(i));
-      bool const masked = key >= p.geo.seqlen_k || (Is_causal && key > query + p.geo.seqlen_k - p.geo.seqlen_q);
+      bool const masked = key >= geo.seqlen_k || (Is_causal && key > query + geo.seqlen_k - geo.seqlen_q);
       if (masked) { s(i) = -INFINITY; }
     }
   }
@@ -365,13 +429,25 @@ struct FwdMainKernel {
     KVState kv;
     QState qs;
     for (int k = 0;; ++k) {
-      int const t = ss.work.receive(k);  // >= num_tiles: the CTA is done
-      if (t >= p.order.num_tiles) { break; }
-      auto const tile = p.order.tile(t);
-      int const m = q_tile_of(tile, rank);
+      auto const work = ss.work.receive(k);
+      int t, m, bh;
+      if constexpr (kVarlen) {
+        t = work.item;
+        m = work.m;
+        bh = work.bh;
+      } else {
+        t = work;
+      }
+      if (t >= p.order.num_tiles) { break; }  // the CTA is done
+      if constexpr (!kVarlen) {
+        auto const tile = p.order.tile(t);
+        m = q_tile_of(tile, rank);
+        bh = tile.bh;
+      }
+      auto&& geo = geometry_of(p, work);
       // KV blocks [0, n_end) hold a visible key; 0 when no row does (causal, seqlen_q >
-      // seqlen_k): the tile's O is then 0 and its LSE -inf.
-      int const n_end = p.geo.n_end(m);
+      // seqlen_k, or a varlen sequence without keys): the tile's O is then 0 and its LSE -inf.
+      int const n_end = geo.n_end(m);
 
       Tensor tOrO = partition_fragment_C(tiled_mma_pv, Shape<Int<kBlockM>, Int<kHeadDim>>{});
       clear(tOrO);
@@ -403,7 +479,7 @@ struct FwdMainKernel {
         warpgroup_wait<0>();
         release_kv(&ss.bar_k_empty[kv.index], peer, lane0);
         if (n_end == 1) { ptx::mbar_arrive(&ss.bar_q_empty[qs.index]); }  // last read of this tile's Q
-        if (p.geo.needs_mask(m, n_end - 1)) { apply_mask(p, tSrS, tScS, m, n_end - 1); }
+        if (geo.needs_mask(m, n_end - 1)) { apply_mask(geo, tSrS, tScS, m, n_end - 1); }
         online_softmax<true>(tSrS, row_max, max_scaled, row_sum, rescale, scale_log2);
         Tensor tOrP = detail::convert_fragment<Element>(tSrS);
         Tensor tOrP_A = make_tensor(tOrP.data(), detail::acc_layout_as_A_regs(tSrS.layout()));
@@ -434,9 +510,9 @@ struct FwdMainKernel {
           release_kv(&ss.bar_k_empty[kv.index], peer, lane0);
           if (n == 0) { ptx::mbar_arrive(&ss.bar_q_empty[qs.index]); }
           if constexpr (std::is_same_v<decltype(masked), bool>) {
-            if (masked) { apply_mask(p, tSrS, tScS, m, n); }
+            if (masked) { apply_mask(geo, tSrS, tScS, m, n); }
           } else if constexpr (decltype(masked)::value) {
-            apply_mask(p, tSrS, tScS, m, n);
+            apply_mask(geo, tSrS, tScS, m, n);
           }
           bool const raised = online_softmax<false>(tSrS, row_max, max_scaled, row_sum, rescale, scale_log2);
           warpgroup_wait<0>();  // O += P V done: P's registers and V_{n+1} are free
@@ -467,7 +543,7 @@ struct FwdMainKernel {
         };
         int n = n_end - 2;
         if constexpr (kHeadDim == 128) {
-          for (; n >= 0 && p.geo.needs_mask(m, n); --n) { middle_step(n, cute::true_type{}); }
+          for (; n >= 0 && geo.needs_mask(m, n); --n) { middle_step(n, cute::true_type{}); }
           for (; n >= 0; --n) { middle_step(n, cute::false_type{}); }
         } else {
           // hdim 64 (three warpgroups of 160 registers) keeps one loop with the mask behind a
@@ -476,7 +552,7 @@ struct FwdMainKernel {
           // split loop spills 16 bytes under a causal mask; two inlined variants chosen per
           // block lost 6 % at causal 2k and 4 % at full 8k; a full-mask loop with no mask code
           // at all (only the peeled first block can hold a key tail) lost 1.5-4.5 %.
-          for (; n >= 0; --n) { middle_step(n, p.geo.needs_mask(m, n)); }
+          for (; n >= 0; --n) { middle_step(n, geo.needs_mask(m, n)); }
         }
 
         // ---- the last block's P V. kOverlapTileEnd (dash/config.py says where it pays): issued
@@ -504,18 +580,45 @@ struct FwdMainKernel {
       // ---- epilogue.
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < size(tOrO); ++i) { tOrO(i) *= inv_sum[row_half(i)]; }
-      int const b = tile.bh / p.num_heads, h = tile.bh - b * p.num_heads;
-      Element* out = p.out + int64_t(b) * p.out_strides.batch + int64_t(h) * p.out_strides.head;
+      int const b = bh / p.num_heads, h = bh - b * p.num_heads;
+      // The tile's rows in out and lse: (batch, seqlen_q, heads, d) and (batch, heads, seqlen_q),
+      // or varlen its sequence's rows of (total_q, heads, d) and (heads, total_q).
+      Element* out;
+      float* lse_rows;
+      if constexpr (kVarlen) {
+        out = p.out + int64_t(work.seq.row_q) * p.out_strides.row + int64_t(h) * p.out_strides.head;
+        lse_rows = p.lse + int64_t(h) * p.lse_head_stride + work.seq.row_q;
+      } else {
+        out = p.out + int64_t(b) * p.out_strides.batch + int64_t(h) * p.out_strides.head;
+        lse_rows = p.lse + int64_t(bh) * p.geo.seqlen_q;
+      }
       int const row0 = m * kBlockM;
-      store_acc_rows_16B(tOrO, tOcO, 1.0f, out, p.out_strides.row, row0, p.geo.seqlen_q);
+      store_acc_rows_16B(tOrO, tOcO, 1.0f, out, p.out_strides.row, row0, geo.seqlen_q);
       if (threadIdx.x % 4 == 0) {
-        float* lse_bh = p.lse + int64_t(tile.bh) * p.geo.seqlen_q;
         CUTLASS_PRAGMA_UNROLL
         for (int r = 0; r < 2; ++r) {
           int const row = row0 + get<0>(tOcO(2 * r));  // values 0 and 2: row halves 0 and 1
-          if (row < p.geo.seqlen_q) { lse_bh[row] = lse[r]; }
+          if (row < geo.seqlen_q) { lse_rows[row] = lse[r]; }
         }
       }
+      if constexpr (kVarlen) {
+        if (m == p.order.num_m_blocks - 1) { write_nan_past_grid(p, out, lse_rows, work.seq.seqlen_q, mma_tidx); }
+      }
+    }
+  }
+
+  // Varlen: a sequence longer than the grid's seqlen_q (the caller's max_seqlen_q) has rows no
+  // Q tile covers. They get NaN in out and lse, written by the MMA threads of the sequence's
+  // last Q tile of the grid, so that the mistake shows instead of leaving the rows unwritten.
+  static __device__ __noinline__ void write_nan_past_grid(Params const& p, Element* out, float* lse_rows,
+                                                          int seqlen_q, int mma_tidx) {
+    int const first = p.order.num_m_blocks * kBlockM;
+    if (seqlen_q <= first) { return; }
+    float const nan = __int_as_float(0x7fffffff);
+    for (int64_t i = mma_tidx; i < int64_t(seqlen_q - first) * kHeadDim; i += NumMmaThreads) {
+      int const row = first + int(i / kHeadDim), d = int(i % kHeadDim);
+      out[int64_t(row) * p.out_strides.row + d] = Element(nan);
+      if (d == 0) { lse_rows[row] = nan; }
     }
   }
 };

@@ -34,6 +34,20 @@ struct FwdParams {
 
   // Workspace: one int, any contents (run_fwd zeroes it on the stream before the launch).
   int* tile_counter = nullptr;
+
+  // Variable-length batch (FA3's flash_attn_varlen_func), when cu_seqlens_q is set. The
+  // sequences are packed along the rows: q and out hold total_q rows, k and v total_k (their
+  // batch strides are unused), and sequence b's queries are rows [cu_seqlens_q[b],
+  // cu_seqlens_q[b + 1]) and its keys rows [cu_seqlens_k[b], cu_seqlens_k[b + 1]) (int32 on the
+  // device, batch + 1 non-decreasing entries each). `batch` counts the sequences; seqlen_q and
+  // seqlen_k are the longest sequence's lengths (FA3's max_seqlen_q / max_seqlen_k): seqlen_q
+  // sizes the grid of Q tiles, seqlen_k the L2 sections. The causal mask is aligned to the
+  // bottom-right corner of each sequence. lse is (heads, total_q). Rows of a sequence longer
+  // than seqlen_q lie outside the grid: the kernel writes NaN to them (out and lse), so that
+  // a wrong max_seqlen_q shows instead of leaving rows unwritten.
+  int const* cu_seqlens_q = nullptr;
+  int const* cu_seqlens_k = nullptr;
+  int total_q = 0, total_k = 0;
 };
 
 }  // namespace dash

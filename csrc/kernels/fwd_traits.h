@@ -13,6 +13,7 @@
 #include "generated/tile_config.h"
 #include "kernels/fwd_params.h"
 #include "kernels/mma_utils.h"
+#include "kernels/varlen.h"
 #include "kernels/work_ring.h"
 #include "schedule/fwd_tile_order.h"  // FwdTileOrder
 #include "schedule/schedule.h"  // TileGeometryT
@@ -21,12 +22,22 @@ namespace dash {
 
 using namespace cute;
 
+// A varlen Q tile as the producer hands it to the MMA warpgroups: the work item, and where the
+// tile's sequence lies (read from cu_seqlens once per tile, by the producer).
+struct FwdSeqTile {
+  int item;    // >= the order's num_tiles: no more work
+  int bh, m;   // FwdTileOrder::tile(item)
+  SeqPlace seq;
+};
+
 // kClusterM_ = 2: the kernel runs in clusters of two CTAs that work on adjacent Q tiles of one
 // head (tiles 2p and 2p + 1 of the pair order) and load every K and V block once for both:
 // each CTA's producer loads half of the block and multicasts it into both CTAs' shared memory
 // (FwdTileConfig.kv_multicast says where this pays). Full masks only: both tiles of a pair
 // then walk the same KV blocks in lockstep.
-template <int kHeadDim_, bool Is_causal_, class Element_, int kClusterM_ = 1>
+// kVarlen_: a variable-length batch (FwdParams::cu_seqlens_q): the sequences lie packed along
+// the rows of q, k, v and out, and each Q tile reads its sequence's offsets and lengths.
+template <int kHeadDim_, bool Is_causal_, class Element_, int kClusterM_ = 1, bool kVarlen_ = false>
 struct FwdTraits {
   using Config = FwdTileConfig<kHeadDim_, Is_causal_>;
   using Element = Element_;
@@ -50,6 +61,8 @@ struct FwdTraits {
   static constexpr int kClusterM = kClusterM_;
   static_assert(kClusterM == 1 || (kClusterM == 2 && !Is_causal),
                 "K/V multicast pairs Q tiles that walk the same KV blocks: full masks, clusters of 2");
+  static constexpr bool kVarlen = kVarlen_;
+  static_assert(!kVarlen || kClusterM == 1, "a varlen pair of Q tiles may span two sequences: one CTA per tile");
   static constexpr int kProducerRegisters = 24;
   static constexpr int kMmaRegisters = Config::kMmaRegisters;
   static_assert(kBlockM == 64 * NumMmaWarpGroups, "each MMA warpgroup owns 64 rows of the Q tile");
@@ -105,7 +118,8 @@ struct FwdTraits {
     uint64_t bar_k_empty[kStages];
     uint64_t bar_v_full[kStages];
     uint64_t bar_v_empty[kStages];
-    WorkRing work;  // producer -> MMA warpgroups: the CTA's next Q tile
+    // producer -> MMA warpgroups: the CTA's next Q tile; varlen: with its sequence's place
+    WorkRingT<std::conditional_t<kVarlen, FwdSeqTile, int>> work;
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= 227 * 1024, "shared storage exceeds the sm_90 per-block limit");
@@ -122,6 +136,12 @@ struct FwdTraits {
     int num_heads, heads_per_kv_head;
     FwdTileOrder order;  // with kClusterM = 2: the order of tile pairs (num_m_blocks / 2 per head)
     int* tile_counter;   // work items claimed beyond the first gridDim.x; zero at launch (kClusterM = 1)
+    // kVarlen only (FwdParams): each sequence's first row in the packed q / k ((batch + 1) each),
+    // and lse's head stride (total_q: lse is (heads, total_q)). shape_q / shape_k are then
+    // (total rows, d, heads, 1) and geo holds the longest sequence's lengths.
+    int const* cu_seqlens_q;
+    int const* cu_seqlens_k;
+    int64_t lse_head_stride;
   };
 };
 

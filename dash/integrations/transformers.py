@@ -21,12 +21,18 @@ Two things are registered under the name, both through transformers' public regi
 * a mask function (``transformers.AttentionMaskInterface``, transformers >= 4.53). Without
   one, transformers builds no mask for a custom implementation and drops padding masks
   silently. This one never builds a mask: it returns ``None`` for the plain causal (or
-  bidirectional) mask, and raises for anything else -- padding, packed sequences, sliding
-  windows that cut something off, chunked attention, custom mask overlays, a static KV cache.
+  bidirectional) mask; for a packed batch (``position_ids`` that restart inside a row) or a
+  padded one (a 2D mask with zeros) it returns a :class:`VarlenRows` (the sequences' offsets,
+  found once per forward), and it raises for anything else -- sliding windows that cut
+  something off, chunked attention, custom mask overlays, a static KV cache.
+
+Packed and padded batches run :func:`dash.api.flash_attn_varlen_func` on the kept tokens
+(each sequence gets the model's causal or full mask on its own, padded query rows come out as
+zeros), as transformers' own flash-attention paths do; so do FA's ``cu_seq_lens_q/k`` /
+``max_length_q/k`` keywords (``DataCollatorWithFlattening(return_flash_attn_kwargs=True)``).
 
 Every feature DASH lacks raises ``NotImplementedError`` naming the feature and the value:
-dropout > 0, padding masks, packed sequences / varlen (``cu_seq_lens_*``, or ``position_ids``
-that restart), sliding windows, softcapping, attention sinks, attention biases,
+dropout > 0, sliding windows, softcapping, attention sinks, attention biases, custom masks,
 ``output_attentions``. Head dims other than 64/128 and dtypes other than bf16/fp16 are
 rejected by :func:`~dash.api.flash_attn_func` itself. Nothing ever falls back to another
 implementation. Under ``torch.autocast`` float32 query/key/value are cast to the autocast
@@ -34,10 +40,13 @@ dtype, as transformers' SDPA and flash-attention paths do.
 
 Cost of the checks: with no mask (the usual training case) there is no device sync except
 one small check of ``position_ids`` per forward (cached across layers; per layer under
-``torch.inference_mode()``, whose tensors have no version counter). A 2D mask costs one
-``all()`` over (batch, seqlen) per forward; a 4D mask (passed by the user, or built by
-transformers < 4.53 for custom implementations) one pass over it per forward in row chunks of
-at most 2**24 elements, cached across the layers that share it.
+``torch.inference_mode()``, whose tensors have no version counter). A packed or padded batch
+costs one copy of its (batch, seqlen) sequence ids or mask to the host per forward (made by
+the mask function; transformers' own flash path syncs in every layer), plus a gather of q, k,
+v and a scatter of the output for a padded one. A 2D mask costs one ``all()`` over (batch,
+seqlen) per forward; a 4D mask (passed by the user, or built by transformers < 4.53 for
+custom implementations) one pass over it per forward in row chunks of at most 2**24
+elements, cached across the layers that share it.
 
 ``torch.compile``: the attention function traces without graph breaks and the position_ids
 check becomes an asynchronous device assert; a mask handed to the attention function is a
@@ -70,7 +79,7 @@ except ImportError as _e:  # pragma: no cover - exercised only where transformer
         "dash.integrations.transformers needs the `transformers` package (>= 4.51): pip install 'transformers>=4.51'"
     ) from _e
 
-__all__ = ["MIN_TRANSFORMERS_VERSION", "register", "registered_names", "attention_forward"]
+__all__ = ["MIN_TRANSFORMERS_VERSION", "VarlenRows", "register", "registered_names", "attention_forward"]
 
 #: Oldest transformers with the public ``AttentionInterface`` registry.
 MIN_TRANSFORMERS_VERSION = "4.51"
@@ -94,7 +103,10 @@ try:
 except ImportError:  # transformers < 4.53: models build their masks themselves
     _masking_utils = None
 
-_VARLEN_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx")
+#: FA's varlen keywords (transformers' ``FlashAttentionKwargs``, e.g. from
+#: ``DataCollatorWithFlattening(return_flash_attn_kwargs=True)``). ``seq_idx`` (the same
+#: boundaries, for state-space layers) is not read.
+_VARLEN_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 _OTHER_UNSUPPORTED_KWARGS = {
     "s_aux": "attention sinks (s_aux)",
     "sinks": "attention sinks",
@@ -202,6 +214,113 @@ def _compiling() -> bool:
         return bool(torch.compiler.is_compiling())
     except AttributeError:  # pragma: no cover - torch < 2.3
         return False
+
+
+# ---------------------------------------------------------------------------------------
+# Packed and padded batches: the rows flash_attn_varlen_func takes
+# ---------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True, eq=False)
+class VarlenRows:
+    """A batch's sequences as ``dash.flash_attn_varlen_func`` takes them: which tokens of the
+    (batch, seqlen) grid are kept, in order, and where each sequence starts among them.
+
+    DASH's mask function returns one instead of a mask when transformers asks for a packed
+    batch (``position_ids`` that restart inside a row) or a padded one (a 2D mask with zeros):
+    the model hands it to every attention layer of the forward, so the offsets are found once
+    per forward (one device-to-host copy of the (batch, seqlen) mask or sequence ids), not per
+    layer. The attention function also builds one from ``cu_seq_lens_q/k`` keywords or from a
+    2D padding mask given to it directly.
+
+    ``indices_q`` / ``indices_k``: positions in the flattened (batch * seqlen) grid of the
+    query / key tokens kept, ascending (``None``: every token, as in a packed batch); sequence
+    ``i`` is kept tokens ``cu_seqlens_*[i] : cu_seqlens_*[i + 1]``; ``max_seqlen_*`` the
+    longest. Query rows that are not kept come out as zeros, as in transformers' flash paths."""
+
+    kind: str  # "packed" or "padding": how the batch was described (for error messages)
+    cu_seqlens_q: Tensor  # int32 (sequences + 1,), on the batch's device (or on the CPU)
+    cu_seqlens_k: Tensor
+    max_seqlen_q: int
+    max_seqlen_k: int
+    indices_q: Optional[Tensor] = None  # int64, on the batch's device
+    indices_k: Optional[Tensor] = None
+
+
+def _offsets(lengths: Tensor) -> Tensor:
+    """int32 offsets (n + 1,) from n lengths (on the CPU)."""
+    return torch.nn.functional.pad(torch.cumsum(lengths, 0, dtype=torch.int32), (1, 0))
+
+
+def _rows_from_sequence_ids(sequence_ids: Tensor) -> VarlenRows:
+    """A packed batch from transformers' (batch, seqlen) sequence ids (``packed_sequence_mask``:
+    the id grows by one where ``position_ids`` do not step by exactly 1). A sequence starts at
+    every row's first token and wherever the id changes; a row boundary always ends one (a
+    sequence never spans rows, as transformers' packed mask has it). One copy of the ids to
+    the host."""
+    ids = sequence_ids.detach().to("cpu", torch.int64)
+    batch, seqlen = ids.shape
+    starts = torch.ones((batch, seqlen), dtype=torch.bool)
+    starts[:, 1:] = ids[:, 1:] != ids[:, :-1]
+    first = starts.reshape(-1).nonzero().reshape(-1)
+    lengths = torch.diff(first, append=first.new_tensor([batch * seqlen]))
+    cu = _offsets(lengths).to(sequence_ids.device, non_blocking=True)
+    longest = int(lengths.max())
+    return VarlenRows("packed", cu, cu, longest, longest)
+
+
+def _rows_from_padding_mask(mask: Tensor, seqlen_q: int) -> VarlenRows:
+    """A padded batch from a (batch, keys) mask, nonzero = a real token: the keys kept are the
+    mask's nonzero positions, the queries kept those among the last ``seqlen_q`` positions
+    (the queries are the newest tokens: seqlen_q == keys in training, fewer when decoding with
+    a cache). Per row, the kept tokens form the row's sequence, in order; with the causal mask
+    (bottom-right aligned) a kept query then sees exactly the kept keys at or before its own
+    position. One copy of the mask to the host."""
+    keep_k = mask.detach().to("cpu")
+    keep_k = keep_k if keep_k.dtype == torch.bool else keep_k != 0
+    seqlen_k = keep_k.shape[-1]
+    if not 1 <= seqlen_q <= seqlen_k:
+        raise ValueError(f"a padding mask over {seqlen_k} keys cannot place {seqlen_q} queries (the newest tokens)")
+    keep_q = keep_k[:, seqlen_k - seqlen_q:]
+    lengths_k, lengths_q = keep_k.sum(-1), keep_q.sum(-1)
+    device = mask.device
+    indices_k = keep_k.reshape(-1).nonzero().reshape(-1).to(device, non_blocking=True)
+    cu_k = _offsets(lengths_k).to(device, non_blocking=True)
+    if seqlen_q == seqlen_k:
+        indices_q, cu_q = indices_k, cu_k
+    else:
+        indices_q = keep_q.reshape(-1).nonzero().reshape(-1).to(device, non_blocking=True)
+        cu_q = _offsets(lengths_q).to(device, non_blocking=True)
+    return VarlenRows("padding", cu_q, cu_k, int(lengths_q.max()), int(lengths_k.max()), indices_q, indices_k)
+
+
+def _rows_from_kwargs(name: str, kwargs: dict) -> Optional[VarlenRows]:
+    """FA's varlen keywords (``cu_seq_lens_q/k``, ``max_length_q/k``), as transformers' flash
+    paths take them: offsets into the (batch * seqlen) rows. None when none is given."""
+    given = {kw: kwargs.get(kw) for kw in _VARLEN_KWARGS if kwargs.get(kw) is not None}
+    if not given:
+        return None
+    cu_q, cu_k = given.get("cu_seq_lens_q"), given.get("cu_seq_lens_k")
+    if cu_q is None or cu_k is None:
+        raise ValueError(
+            f"attn_implementation={name!r}: got {', '.join(given)} but packed sequences need both cu_seq_lens_q and "
+            "cu_seq_lens_k (offsets of the sequences along the flattened rows; max_length_q/k optional)"
+        )
+    offsets = []
+    for kw, cu in (("cu_seq_lens_q", cu_q), ("cu_seq_lens_k", cu_k)):
+        if not isinstance(cu, Tensor) or cu.dim() != 1 or cu.is_floating_point() or cu.dtype == torch.bool:
+            raise ValueError(f"{kw} must be a 1-D integer tensor of offsets; got {cu!r:.80}")
+        offsets.append(cu if cu.dtype == torch.int32 else cu.to(torch.int32))
+    longest = []
+    for kw, cu in (("max_length_q", offsets[0]), ("max_length_k", offsets[1])):
+        value = given.get(kw)
+        if value is None:  # a device sync, as in transformers' own flash path
+            value = int(torch.diff(cu).max()) if cu.numel() > 1 else 0
+        elif isinstance(value, Tensor):
+            value = int(value.item())
+        longest.append(int(value))
+    return VarlenRows("packed", offsets[0], offsets[1], longest[0], longest[1])
+
+
+_padding_rows = _LastVerdict()
 
 
 # ---------------------------------------------------------------------------------------
@@ -325,10 +444,12 @@ def _mask_decides_causal(
 
 def _packing_error(name: str) -> NotImplementedError:
     return _unsupported(
-        name, "packed sequences (varlen)",
-        "position_ids restart inside a row, i.e. several sequences are packed into one",
-        "pad to a batch of separate sequences (without padding tokens), or use attn_implementation='sdpa' "
-        "with a proper block-diagonal mask",
+        name, "packed sequences (varlen) described only by position_ids",
+        "position_ids restart inside a row (several sequences packed into one) but no description of the sequences "
+        "reached the attention layer (transformers >= 4.53 passes one from DASH's mask function when the model "
+        "gets no attention_mask; older versions, an explicit mask or torch.compile of the whole model do not)",
+        "pass cu_seq_lens_q/k and max_length_q/k (DataCollatorWithFlattening(return_flash_attn_kwargs=True)), "
+        "or call the model without an attention_mask on transformers >= 4.53",
     )
 
 
@@ -432,10 +553,13 @@ def _mask_function(
     attention_mask: Optional[Tensor] = None,
     cache_position: Optional[Tensor] = None,
     **kwargs: Any,
-) -> None:
+) -> Optional[VarlenRows]:
     """transformers' mask-interface signature (>= 5: ``q_length``/``q_offset``; 4.53-4.5x:
     ``cache_position``). Returns ``None`` (no mask: the attention function's causal flag does
-    it) when the requested mask is plain causal or bidirectional; raises otherwise.
+    it) when the requested mask is plain causal or bidirectional, a :class:`VarlenRows` when
+    it is that mask within each sequence of a packed batch (``position_ids`` restart) or of a
+    padded one (a 2D mask with zeros), for the attention layers to run
+    ``flash_attn_varlen_func``; raises otherwise.
 
     It inspects transformers' mask-function closures, which TorchDynamo cannot trace, so it
     always runs eagerly: under ``torch.compile`` the model's forward breaks at its call (every
@@ -459,12 +583,19 @@ def _mask_function(
     if packed_ids and all(isinstance(t, Tensor) and bool((t[:, -1] == 0).all()) for t in packed_ids):
         leaves = [(k, d) for k, d in leaves if k != "packed"]
     kinds = {k for k, _ in leaves}
+    packed_rows = None
     if "packed" in kinds:
-        raise _unsupported(
-            name, "packed sequences (varlen)",
-            "transformers detected several sequences packed into one row (position_ids restart)",
-            "pad to a batch of separate sequences without padding tokens, or use attn_implementation='sdpa'",
-        )
+        # transformers looks for packing only without a padding mask and without a cache, so
+        # the queries are the keys; each sequence attends within itself (packed_ids[0]: the
+        # (batch, seqlen) sequence ids), which flash_attn_varlen_func computes directly.
+        if attention_mask is not None or q_length != kv_length or not isinstance(packed_ids[0], Tensor):
+            raise _unsupported(
+                name, "packed sequences with a padding mask or a KV cache",
+                f"{q_length} queries against {kv_length} keys, attention_mask "
+                f"{'None' if attention_mask is None else tuple(attention_mask.shape)}",
+                "pack without padding tokens and without a cache, or use attn_implementation='sdpa'",
+            )
+        packed_rows = _rows_from_sequence_ids(packed_ids[0])
     if "chunked" in kinds:
         size = next(d for k, d in leaves if k == "chunked")
         raise _unsupported(name, "chunked attention", f"attention_chunk_size={size}", "use attn_implementation='sdpa'")
@@ -486,28 +617,31 @@ def _mask_function(
     q_off, kv_off = _as_int(q_offset), _as_int(kv_offset)
     last_q = q_off + q_length - 1
     for kind, window in leaves:
-        if kind == "sliding" and window is not None:
+        if packed_rows is not None and kind in ("sliding", "sliding_bidirectional") and window is not None:
+            # within one packed sequence (no cache): a window of the longest one cuts nothing
+            reach = packed_rows.max_seqlen_k - 1
+            active = reach >= window if kind == "sliding" else reach > window
+        elif kind == "sliding" and window is not None:
             active = last_q - kv_off >= window  # keeps kv_idx > q_idx - window
         elif kind == "sliding_bidirectional" and window is not None:
             active = max(last_q - kv_off, kv_off + kv_length - 1 - q_off) > window
         else:
             continue
         if active:
+            keys = f"{packed_rows.max_seqlen_k} keys of this forward's longest packed sequence" \
+                if packed_rows is not None else f"{kv_length} keys of this forward"
             raise _unsupported(
-                name, "sliding-window attention",
-                f"sliding_window={window} is shorter than the {kv_length} keys of this forward",
+                name, "sliding-window attention", f"sliding_window={window} is shorter than the {keys}",
                 "use sequences no longer than the window, or attn_implementation='sdpa'",
             )
+    if packed_rows is not None:
+        return packed_rows
+    padded = False
     if attention_mask is not None:
         if attention_mask.dim() != 2:
             raise ValueError(f"expected a 2D padding mask, got shape {tuple(attention_mask.shape)}")
         seen = attention_mask[:, kv_off : kv_off + kv_length]
-        if not bool((seen if seen.dtype == torch.bool else seen != 0).all()):
-            raise _unsupported(
-                name, "a padding mask",
-                f"attention_mask (shape {tuple(attention_mask.shape)}) has padded (zero) positions",
-                "batch sequences of equal length without padding tokens, or use attn_implementation='sdpa'",
-            )
+        padded = not bool((seen if seen.dtype == torch.bool else seen != 0).all())
     if causal and q_off - kv_off != kv_length - q_length:
         raise _unsupported(
             name, "a KV cache longer than the tokens it holds (e.g. StaticCache)",
@@ -526,6 +660,8 @@ def _mask_function(
             "padding (e.g. the unfilled slots of a StaticCache)",
             "use the default DynamicCache and sequences without padding tokens, or attn_implementation='sdpa'",
         )
+    if padded:  # the kept tokens of each row, for flash_attn_varlen_func
+        return _rows_from_padding_mask(attention_mask[:, kv_off : kv_off + kv_length], q_length)
     return None
 
 
@@ -598,13 +734,6 @@ def attention_forward(
                 name, "sliding-window attention", f"sliding_window={sliding_window} with {seqlen_k} keys",
                 "use sequences no longer than the window, or attn_implementation='sdpa'",
             )
-    for kw in _VARLEN_KWARGS:
-        if kwargs.get(kw) is not None:
-            raise _unsupported(
-                name, "packed sequences (varlen)", f"{kw} was given (e.g. by DataCollatorWithFlattening)",
-                "pad to a batch of separate sequences without padding tokens; flash_attn_varlen_func is not "
-                "supported yet",
-            )
     for kw, feature in _OTHER_UNSUPPORTED_KWARGS.items():
         if kwargs.get(kw) is not None:
             raise _unsupported(name, feature, f"{kw} was given", "use attn_implementation='eager' or 'sdpa'")
@@ -618,8 +747,10 @@ def attention_forward(
         )
 
     causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
-    causal = _mask_decides_causal(name, attention_mask, causal, seqlen_q, seqlen_k)
-    _check_position_ids(name, kwargs.get("position_ids"), seqlen_q)
+    rows = _varlen_rows(name, attention_mask, kwargs, seqlen_q, seqlen_k)
+    if rows is None:
+        causal = _mask_decides_causal(name, attention_mask, causal, seqlen_q, seqlen_k)
+        _check_position_ids(name, kwargs.get("position_ids"), seqlen_q)
 
     # Layout: (B, H, S, D) -> (B, S, H, D) views; a copy only when DASH could not read the view.
     q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
@@ -627,12 +758,81 @@ def attention_forward(
     if target is not None and target in (torch.bfloat16, torch.float16):
         q, k, v = (t.to(target) if t.dtype == torch.float32 else t for t in (q, k, v))
     check_pointer = not _compiling()
+    if rows is not None:
+        return _varlen_attention(q, k, v, rows, scaling, causal, settings), None
     q, k, v = (t.contiguous() if _needs_copy(t, check_pointer) else t for t in (q, k, v))
     out = _dash_api.flash_attn_func(
         q, k, v, softmax_scale=scaling, causal=causal, deterministic=settings.deterministic,
         schedule=settings.schedule,
     )
     return out, None
+
+
+def _varlen_rows(
+    name: str, attention_mask: Any, kwargs: dict, seqlen_q: int, seqlen_k: int
+) -> Optional[VarlenRows]:
+    """The packed or padded rows this call runs on, or None for a plain batch: FA's
+    ``cu_seq_lens_*`` keywords first (as transformers' flash paths take them), else the
+    :class:`VarlenRows` DASH's mask function made, else a 2D padding mask (cached across the
+    layers sharing it)."""
+    rows = _rows_from_kwargs(name, kwargs)
+    if isinstance(attention_mask, VarlenRows):
+        if rows is not None and attention_mask.kind == "padding":
+            raise ValueError(
+                f"attn_implementation={name!r}: got both a padding mask and cu_seq_lens_q/k; pass one description of "
+                "the sequences (a padding-free packed batch with cu_seq_lens, or a padded batch with attention_mask)"
+            )
+        rows = rows or attention_mask
+    elif isinstance(attention_mask, Tensor) and attention_mask.dim() == 2:
+        if attention_mask.shape[-1] < seqlen_k:
+            raise ValueError(
+                f"attention_mask has shape {tuple(attention_mask.shape)} but the keys have length {seqlen_k}; a 2D mask "
+                "must cover every key"
+            )
+        key = ("rows", seqlen_q, seqlen_k)
+        padded = _padding_rows.get(attention_mask, key)
+        if padded is None:
+            m = attention_mask[:, -seqlen_k:]
+            all_kept = bool((m if m.dtype == torch.bool else m != 0).all())
+            padded = False if all_kept else _rows_from_padding_mask(m, seqlen_q)
+            _padding_rows.put(attention_mask, key, padded)
+        if padded is not False:
+            if rows is not None:
+                raise ValueError(
+                    f"attn_implementation={name!r}: got both a padding mask and cu_seq_lens_q/k; pass one description "
+                    "of the sequences"
+                )
+            rows = padded
+        elif rows is not None:
+            return rows
+    elif rows is not None and attention_mask is not None:
+        raise _unsupported(
+            name, "packed sequences with an attention mask",
+            f"cu_seq_lens_q/k and an attention_mask of shape {tuple(getattr(attention_mask, 'shape', ()))}",
+            "pass cu_seq_lens without a mask (each sequence gets the model's causal or full mask)",
+        )
+    return rows
+
+
+def _varlen_attention(
+    q: Tensor, k: Tensor, v: Tensor, rows: VarlenRows, scaling: Optional[float], causal: bool, settings: Settings
+) -> Tensor:
+    """q (B, Sq, H, D), k/v (B, Sk, Hk, D) -> (B, Sq, H, D) through flash_attn_varlen_func on
+    the kept tokens; query rows not kept are zeros."""
+    batch, seqlen_q, heads, head_dim = q.shape
+    q_rows, k_rows, v_rows = (t.reshape(-1, *t.shape[2:]) for t in (q, k, v))  # views for transformers' layouts
+    if rows.indices_k is not None:
+        k_rows, v_rows = k_rows.index_select(0, rows.indices_k), v_rows.index_select(0, rows.indices_k)
+        q_rows = q_rows.index_select(0, rows.indices_q)
+    if rows.max_seqlen_q == 0:  # every query row is padding: nothing attends
+        return q.new_zeros(q.shape)
+    out = _dash_api.flash_attn_varlen_func(
+        q_rows, k_rows, v_rows, rows.cu_seqlens_q, rows.cu_seqlens_k, rows.max_seqlen_q, max(rows.max_seqlen_k, 1),
+        softmax_scale=scaling, causal=causal, deterministic=settings.deterministic, schedule=settings.schedule,
+    )
+    if rows.indices_q is not None:
+        out = out.new_zeros(batch * seqlen_q, heads, head_dim).index_copy(0, rows.indices_q, out)
+    return out.view(batch, seqlen_q, heads, head_dim)
 
 
 # ---------------------------------------------------------------------------------------

@@ -37,6 +37,10 @@ BwdWorkspaceSizes bwd_workspace_sizes_for(BwdParams const& p) {
   size_t const chains = p.deterministic ? Cfg::kdQChains : 1;
   w.dq_accum_floats = chains * tiles * Cfg::kBlockM * kHeadDim;
   w.semaphore_ints = chains * tiles;
+  if (p.cu_seqlens_q != nullptr) {  // the varlen grid's live columns (kernels/bwd_prepost_kernels.h)
+    size_t const n_blocks = size_t((p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN);
+    w.live_column_ints = bh * n_blocks + 1;
+  }
   return w;
 }
 
@@ -131,7 +135,7 @@ size_t round_up_16B(size_t words) { return (words + 3) / 4 * 4; }  // 4-byte wor
 size_t bwd_workspace_bytes(BwdParams const& p) {
   BwdWorkspaceSizes const ws = bwd_workspace_sizes(p);
   return 4 * (round_up_16B(ws.lse_log2_floats) + round_up_16B(ws.dpsum_floats) + round_up_16B(ws.dq_accum_floats) +
-              round_up_16B(ws.semaphore_ints) + round_up_16B(ws.counter_ints));
+              round_up_16B(ws.semaphore_ints) + round_up_16B(ws.counter_ints) + round_up_16B(ws.live_column_ints));
 }
 
 void bwd_set_workspace(BwdParams& p, void* workspace) {
@@ -146,6 +150,8 @@ void bwd_set_workspace(BwdParams& p, void* workspace) {
   p.dq_semaphore = reinterpret_cast<int*>(base);
   base += round_up_16B(ws.semaphore_ints);
   p.counters = reinterpret_cast<int*>(base);
+  base += round_up_16B(ws.counter_ints);
+  p.live_columns = ws.live_column_ints > 0 ? reinterpret_cast<int*>(base) : nullptr;
 }
 
 int bwd_block_n(BwdParams const& p) {

@@ -225,6 +225,22 @@ class FwdTileConfig:
     # 8 MiB of K/V per head there: sections of 2 and 1 heads become 8 and 4); the sixth pass
     # measured 32 at hdim 128 full 4k -2 to -3 %.
     l2_section_mib: int = 12
+    # The tile's end. True: each MMA warpgroup stages its 64 output rows in shared memory
+    # (stmatrix) and one thread stores them with a TMA store (rows past seqlen_q clipped by the
+    # TMA unit), and the producer hands the MMA warpgroups the Q tile decoded once (item, (batch,
+    # head), Q block) instead of each warp decoding the item; False: 16-byte row stores from
+    # registers (a 4x4 transpose per quad: ~490 instructions per warp and tile at hdim 128) and
+    # the item index alone. Not for varlen (a tile's rows past its sequence belong to the next
+    # one, which a TMA store would overwrite): those kernels keep the row stores. Measured on the
+    # H200 together with row_limit_mask (docs/kernel-notes.md, twenty-sixth pass): hdim 128 full
+    # 1k / 2k / 16k +3.8 / +2.0 / +0.2 %, causal +6.5 / +3.7 / 0.0 %; hdim 64 full 2k / 16k
+    # +0.4 / -0.9 %, causal +0.3 / -2.2 % (so False there). Same bits.
+    tma_store_out: bool = False
+    # Masked blocks compare each key against one visible-key limit per row (min(seqlen_k, the
+    # diagonal + 1), computed once per row half) instead of recomputing the key and query of
+    # every element (~200 instructions per masked block at hdim 128). Measured alone on the H200
+    # (twenty-sixth pass): hdim 128 +0.1 to +0.7 %, hdim 64 causal 2k / 16k -2.0 / -2.4 %. Same bits.
+    row_limit_mask: bool = False
     note: str = ""
 
     def __post_init__(self) -> None:
@@ -255,15 +271,18 @@ class FwdTileConfig:
 
     def smem_bytes(self, elem_bytes: int = 2) -> int:
         d = self.head_dim
-        return (self.q_stages * self.block_m * d + 2 * self.kv_stages * self.block_n * d) * elem_bytes
+        out_slabs = self.block_m * d if self.tma_store_out else 0
+        return (self.q_stages * self.block_m * d + 2 * self.kv_stages * self.block_n * d + out_slabs) * elem_bytes
 
 
 #: The forward table. Keyed by (head_dim, causal).
 FWD_TILE_CONFIGS: tuple[FwdTileConfig, ...] = (
     FwdTileConfig(64, False, 192, 128, 3, 2, 160, True, overlap_tile_end=True, q_stages=2, note="3 MMA warpgroups of 64 rows; ~112 KB smem"),
     FwdTileConfig(64, True, 192, 128, 3, 2, 160, True, overlap_tile_end=True, l2_section_mib=32, note="3 MMA warpgroups of 64 rows; ~88 KB smem"),
-    FwdTileConfig(128, False, 128, 128, 2, 2, 240, True, v_wait_in_turn=True, rescale_max_growth_log2=8.0, note="~160 KB smem"),
-    FwdTileConfig(128, True, 128, 128, 2, 2, 240, True, v_wait_in_turn=True, rescale_max_growth_log2=8.0, note="~160 KB smem"),
+    FwdTileConfig(128, False, 128, 128, 2, 2, 240, True, v_wait_in_turn=True, rescale_max_growth_log2=8.0,
+                  tma_store_out=True, row_limit_mask=True, note="~192 KB smem (32 KB output slabs)"),
+    FwdTileConfig(128, True, 128, 128, 2, 2, 240, True, v_wait_in_turn=True, rescale_max_growth_log2=8.0,
+                  tma_store_out=True, row_limit_mask=True, note="~192 KB smem (32 KB output slabs)"),
 )
 
 
@@ -369,6 +388,8 @@ def render_cpp_header() -> str:
             f"  static constexpr bool kConditionalRescale = {'false' if cfg.rescale_max_growth_log2 is None else 'true'};",
             f"  static constexpr float kRescaleMaxGrowthLog2 = {float(cfg.rescale_max_growth_log2 or 0.0)!r}f;",
             f"  static constexpr long long kL2SectionBytes = {cfg.l2_section_bytes};",
+            f"  static constexpr bool kTmaStoreOut = {'true' if cfg.tma_store_out else 'false'};",
+            f"  static constexpr bool kRowLimitMask = {'true' if cfg.row_limit_mask else 'false'};",
             "};",
             "",
         ]

@@ -521,7 +521,8 @@ def test_tile_config_invariants_are_enforced():
 @pytest.mark.parametrize("cfg", C.FWD_TILE_CONFIGS, ids=lambda c: f"d{c.head_dim}-{'causal' if c.causal else 'full'}")
 def test_forward_shared_memory_counts_every_q_buffer(cfg):
     d, m, n = cfg.head_dim, cfg.block_m, cfg.block_n
-    assert cfg.smem_bytes() == (cfg.q_stages * m * d + 2 * cfg.kv_stages * n * d) * 2
+    out_slabs = m * d if cfg.tma_store_out else 0  # the TMA-store epilogue's staging slabs
+    assert cfg.smem_bytes() == (cfg.q_stages * m * d + 2 * cfg.kv_stages * n * d + out_slabs) * 2
     assert cfg.smem_bytes() <= C.H100_SMEM_LIMIT_BYTES - 1024  # room left for the barriers
 
 
@@ -532,6 +533,8 @@ def test_forward_tile_config_invariants_are_enforced():
         C.FwdTileConfig(64, False, 128, 128, 3, 2, 160, True)
     one, two = (C.FwdTileConfig(128, False, 128, 128, 2, 2, 240, True, q_stages=q) for q in (1, 2))
     assert two.smem_bytes() - one.smem_bytes() == 128 * 128 * 2
+    tma = C.FwdTileConfig(128, False, 128, 128, 2, 2, 240, True, tma_store_out=True)
+    assert tma.smem_bytes() - one.smem_bytes() == 128 * 128 * 2
     with pytest.raises(ValueError, match="kv_multicast .* full masks only"):
         C.FwdTileConfig(128, True, 128, 128, 2, 2, 240, True, kv_multicast=True)
     for growth in (-1.0, 12.5, float("nan")):
@@ -626,6 +629,8 @@ def test_render_cpp_header_has_every_forward_config():
             "kConditionalRescale": _cpp(cfg.rescale_max_growth_log2 is not None),
             "kRescaleMaxGrowthLog2": f"{float(cfg.rescale_max_growth_log2 or 0.0)!r}f",
             "kL2SectionBytes": _cpp(cfg.l2_section_mib * 1024 * 1024),
+            "kTmaStoreOut": _cpp(cfg.tma_store_out),
+            "kRowLimitMask": _cpp(cfg.row_limit_mask),
         }
 
 

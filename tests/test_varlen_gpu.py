@@ -12,6 +12,7 @@ failure names its seed and DASH_TEST_SALT (tests/test_fwd_gpu.py).
 from __future__ import annotations
 
 import os
+import random
 import zlib
 
 import pytest
@@ -230,6 +231,31 @@ def test_varlen_backward_gqa_fp16_and_long(causal, head_dim):
     grads = _bwd_op(dout, q, k, v, out, lse, cu_q, cu_k, causal, True, "fa3")
     _check_grads(dout, q, k, v, out, lse, cu_q, cu_k, causal, grads,
                  f"varlen bwd gqa 8/2 fp16 causal={causal} hdim{head_dim} {_tag(seed)}")
+
+
+@pytest.mark.parametrize("schedule", ["fa3", "interleaved", "descending"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_varlen_backward_of_a_skewed_batch(head_dim, causal, schedule):
+    """One long sequence beside 40 short ones: most of the padded grid's columns lie past a
+    short sequence's keys and are left out of the claims (bwd_varlen_live_columns_kernel; more
+    than one chunk of its 1024 threads: 41 x 8 heads x 16 columns). Gradients against the
+    reference in both modes, and the deterministic bits repeat."""
+    gen = random.Random(_seed("varlen-skewed-lengths", head_dim, causal, schedule))
+    lengths = [2048] + [gen.randint(1, 200) for _ in range(40)]
+    gen.shuffle(lengths)
+    seed = _seed("varlen-skewed", head_dim, causal, schedule)
+    q, k, v, cu_q, cu_k = _packed(lengths, lengths, 8, 2, head_dim, torch.bfloat16, seed)
+    out, lse = _exact_forward(q, k, v, cu_q, cu_k, causal)
+    dout = torch.randn_like(q)
+    label = f"varlen bwd skewed causal={causal} hdim{head_dim} {schedule} {_tag(seed)}"
+    for deterministic in (False, True):
+        grads = _bwd_op(dout, q, k, v, out, lse, cu_q, cu_k, causal, deterministic, schedule)
+        _check_grads(dout, q, k, v, out, lse, cu_q, cu_k, causal, grads, f"{label} det={deterministic}")
+    for i in range(5):
+        again = _bwd_op(dout, q, k, v, out, lse, cu_q, cu_k, causal, True, schedule)
+        for name, a, b in zip(("dq", "dk", "dv"), again, grads):
+            assert torch.equal(a, b), f"{name} differs on repeat {i}: {label}"
 
 
 @pytest.mark.parametrize("schedule", ["fa3", "interleaved", "descending"])

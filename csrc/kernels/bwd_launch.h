@@ -190,6 +190,10 @@ void run_bwd_impl(BwdParams const& p, cudaStream_t stream) {
                                   "row of q and of k (total_q=" + std::to_string(p.total_q) + ", total_k=" +
                                   std::to_string(p.total_k) + ")");
     }
+    if (p.live_columns == nullptr) {
+      throw std::invalid_argument("DASH backward: a varlen problem needs the workspace's live-column list "
+                                  "(bwd_set_workspace)");
+    }
     if (shift || p.trace != nullptr) {
       throw std::invalid_argument(std::string("DASH backward: a varlen problem runs the claimed schedules (fa3, "
                                               "interleaved, descending) without trace; got ") +
@@ -295,6 +299,13 @@ void run_bwd_impl(BwdParams const& p, cudaStream_t stream) {
     mp.cu_seqlens_q = p.cu_seqlens_q;
     mp.cu_seqlens_k = p.cu_seqlens_k;
     mp.dq_tiles_per_head = int(workspace_tiles_per_row);
+    mp.live_columns = p.live_columns;
+    if constexpr (kVarlen) {
+      // The live columns the producer claims through (bwd_prepost_kernels.h); the preprocess
+      // before it has zeroed the claim counter, the main kernel after it reads the list.
+      bwd_varlen_live_columns_kernel<Traits><<<1, kLiveColumnsThreads, 0, stream>>>(mp);
+      check_cuda(cudaGetLastError(), "launch of bwd_varlen_live_columns_kernel");
+    }
     // The config table says per mode whether a launch runs the mainloop that loads the LSE
     // before the S^T GEMM (BwdMainKernel's kLseEarly: lse_early_nondet, lse_early_det); where
     // both modes say the same, the two calls name one instantiation.

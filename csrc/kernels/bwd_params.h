@@ -99,6 +99,9 @@ struct BwdParams {
   int const* cu_seqlens_q = nullptr;
   int const* cu_seqlens_k = nullptr;
   int total_q = 0, total_k = 0;
+  // Varlen workspace: the live columns (those inside their sequence's keys), in claim order,
+  // then their count (bwd_varlen_live_columns_kernel; num_columns + 1 ints).
+  int* live_columns = nullptr;
 };
 
 // Counters of the workspace: columns claimed by the persistent CTAs, trace records written,
@@ -111,6 +114,7 @@ struct BwdWorkspaceSizes {
   size_t dq_accum_floats = 0;
   size_t semaphore_ints = 0;
   size_t counter_ints = kNumCounters;
+  size_t live_column_ints = 0;  // varlen: the padded grid's columns + 1
 };
 
 }  // namespace dash

@@ -14,6 +14,11 @@
 //   With convert_under_main it runs while the main kernel does (bwd_launch.h): deterministic
 //   CTAs wait for their tile's semaphores to count every add (each released after its add
 //   landed), the others for the whole main grid (griddepcontrol.wait).
+//
+// bwd_varlen_live_columns_kernel  (varlen only; one CTA, between the two above and the main
+//   kernel): lists the padded grid's columns that lie inside their sequence's keys, in claim
+//   order, and their count; the main kernel's producer claims through the list, so the
+//   columns past a short sequence's keys cost nothing.
 #pragma once
 
 #include <type_traits>
@@ -302,6 +307,48 @@ __global__ void __launch_bounds__(Traits::NumMmaThreads)
       if (atomicAdd(p.counters + kConvertDoneCounter, 1) == ctas - 1) { ptx::grid_dependency_wait(); }
     }
   }
+}
+
+// Varlen: the main kernel's live columns. Work item L (claim order) is live when its column
+// starts inside its sequence's keys (load_seq_place_within: none for a sequence longer than the
+// grid); live items keep their order, so the producer's claims through the list still run in
+// increasing L and every wait of the deterministic schedules points to an earlier claim.
+// A column inside the keys but without a query that sees it stays live: it writes its zero
+// dK / dV. The others wrote nothing (their rows belong to the next sequence) and, under GQA,
+// took their group's dK / dV turns with nothing to add, for every query head alike.
+constexpr int kLiveColumnsThreads = 1024;
+
+template <class Traits, class MainParams>
+__global__ void __launch_bounds__(kLiveColumnsThreads) bwd_varlen_live_columns_kernel(MainParams const p) {
+  constexpr int kWarps = kLiveColumnsThreads / 32;
+  __shared__ int warp_live[kWarps];
+  int* const live_columns = const_cast<int*>(p.live_columns);
+  int const num_columns = p.schedule.num_columns();
+  int const lane = int(threadIdx.x) % 32, warp = int(threadIdx.x) / 32;
+  int listed = 0;  // live items before this chunk
+  for (int chunk = 0; chunk < num_columns; chunk += kLiveColumnsThreads) {
+    int const item = chunk + int(threadIdx.x);
+    bool live = false;
+    if (item < num_columns) {
+      ColumnCoord const col = p.schedule.column(item);
+      SeqPlace const seq = load_seq_place_within(p.cu_seqlens_q, p.cu_seqlens_k, col.b, p.schedule.geo.seqlen_q,
+                                                 p.schedule.geo.seqlen_k);
+      live = col.n * Traits::kBlockN < seq.seqlen_k;
+    }
+    unsigned const ballot = __ballot_sync(0xffffffffu, live);
+    if (lane == 0) { warp_live[warp] = __popc(ballot); }
+    __syncthreads();
+    int before = listed, in_chunk = 0;
+    for (int w = 0; w < kWarps; ++w) {
+      int const c = warp_live[w];
+      before += w < warp ? c : 0;
+      in_chunk += c;
+    }
+    if (live) { live_columns[before + __popc(ballot & ((1u << lane) - 1u))] = item; }
+    listed += in_chunk;
+    __syncthreads();  // warp_live is rewritten by the next chunk
+  }
+  if (threadIdx.x == 0) { live_columns[num_columns] = listed; }
 }
 
 }  // namespace dash

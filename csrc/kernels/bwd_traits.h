@@ -213,6 +213,9 @@ struct BwdTraits {
     // took a register, which spilled beside the sequence's lengths in the writer's 24). The
     // LSE / D rows of head h start at h * stats_bh_stride, which is this times kBlockM.
     int dq_tiles_per_head;
+    // kVarlen only: the columns inside their sequence's keys, in claim order, then their count
+    // (num_columns + 1 ints, written by bwd_varlen_live_columns_kernel before this kernel runs).
+    int const* live_columns;
   };
 };
 

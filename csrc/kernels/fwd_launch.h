@@ -55,7 +55,7 @@ int max_active_clusters(int smem_bytes, int cluster_ctas, int block_threads) {
 
 template <class Traits>
 typename Traits::MainParams make_fwd_main_params(FwdParams const& p, BSHDStrides q_st, BSHDStrides k_st,
-                                                 BSHDStrides v_st, int num_m_blocks, int num_bh) {
+                                                 BSHDStrides v_st, BSHDStrides o_st, int num_m_blocks, int num_bh) {
   using Element = typename Traits::Element;
   constexpr int kHeadDim = Traits::kHeadDim;
   constexpr int kBlockM = Traits::kBlockM;
@@ -100,14 +100,21 @@ typename Traits::MainParams make_fwd_main_params(FwdParams const& p, BSHDStrides
   mp.cu_seqlens_q = p.cu_seqlens_q;
   mp.cu_seqlens_k = p.cu_seqlens_k;
   mp.lse_head_stride = p.total_q;
+  if constexpr (Traits::kTmaStoreOut) {
+    mp.tma_o = make_tma_copy(SM90_TMA_STORE{},
+                             make_tensor(make_gmem_ptr(static_cast<Element*>(p.out)),
+                                         make_shape(rows_q, Int<kHeadDim>{}, p.num_heads, batch),
+                                         make_stride(o_st.row, _1{}, o_st.head, o_st.batch)),
+                             typename Traits::SmemLayoutOSlab{}, Shape<_64, Int<kHeadDim>>{}, _1{});
+  }
   return mp;
 }
 
 // The persistent one-CTA-per-tile launch of Traits' kernel (at most one CTA per Q tile).
 template <class Traits>
-void launch_fwd_persistent(FwdParams const& p, BSHDStrides q_st, BSHDStrides k_st, BSHDStrides v_st, int num_m_blocks,
-                           int64_t num_bh, int64_t num_tiles, cudaStream_t stream) {
-  auto const mp = make_fwd_main_params<Traits>(p, q_st, k_st, v_st, num_m_blocks, int(num_bh));
+void launch_fwd_persistent(FwdParams const& p, BSHDStrides q_st, BSHDStrides k_st, BSHDStrides v_st, BSHDStrides o_st,
+                           int num_m_blocks, int64_t num_bh, int64_t num_tiles, cudaStream_t stream) {
+  auto const mp = make_fwd_main_params<Traits>(p, q_st, k_st, v_st, o_st, num_m_blocks, int(num_bh));
   constexpr auto kernel = &fwd_main_kernel<Traits>;
   constexpr int smem_bytes = Traits::kSmemBytes;
   ensure_max_dynamic_smem<kernel>(smem_bytes);
@@ -163,11 +170,12 @@ void run_fwd_impl(FwdParams const& p, cudaStream_t stream) {
   BSHDStrides const q_st = checked("q", p.q, p.q_strides, rows_q, p.num_heads);
   BSHDStrides const k_st = checked("k", p.k, p.k_strides, rows_k, p.num_heads_k);
   BSHDStrides const v_st = checked("v", p.v, p.v_strides, rows_k, p.num_heads_k);
-  checked("out", p.out, p.out_strides, rows_q, p.num_heads);  // the epilogue stores 16-byte row segments
+  // the epilogue stores 16-byte row segments, or 64-row slabs by TMA (kTmaStoreOut)
+  BSHDStrides const o_st = checked("out", p.out, p.out_strides, rows_q, p.num_heads);
 
   if (varlen) {
-    launch_fwd_persistent<FwdTraits<kHeadDim, Is_causal, Element, 1, true>>(p, q_st, k_st, v_st, num_m_blocks, num_bh,
-                                                                            num_tiles, stream);
+    launch_fwd_persistent<FwdTraits<kHeadDim, Is_causal, Element, 1, true>>(p, q_st, k_st, v_st, o_st, num_m_blocks,
+                                                                            num_bh, num_tiles, stream);
     return;
   }
 
@@ -183,7 +191,7 @@ void run_fwd_impl(FwdParams const& p, cudaStream_t stream) {
       int const resident = max_active_clusters<kernel>(smem_bytes, 2, ClusterTraits::NumThreads);
       int64_t clusters = std::min<int64_t>({num_tiles / 2, int64_t(p.num_ctas_max / 2), int64_t(resident)});
       if (clusters >= 1) {
-        auto const mp = make_fwd_main_params<ClusterTraits>(p, q_st, k_st, v_st, num_m_blocks, int(num_bh));
+        auto const mp = make_fwd_main_params<ClusterTraits>(p, q_st, k_st, v_st, o_st, num_m_blocks, int(num_bh));
         cudaLaunchAttribute const attr = cluster_dim_attribute(2);
         cudaLaunchConfig_t const cfg = one_attribute_launch_config(&attr, dim3(unsigned(2 * clusters), 1, 1),
                                                                    ClusterTraits::NumThreads, smem_bytes, stream);
@@ -198,7 +206,7 @@ void run_fwd_impl(FwdParams const& p, cudaStream_t stream) {
       }
     }
   }
-  launch_fwd_persistent<Traits>(p, q_st, k_st, v_st, num_m_blocks, num_bh, num_tiles, stream);
+  launch_fwd_persistent<Traits>(p, q_st, k_st, v_st, o_st, num_m_blocks, num_bh, num_tiles, stream);
 }
 
 template <int kHeadDim, class Element>

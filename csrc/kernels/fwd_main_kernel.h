@@ -82,6 +82,7 @@ struct FwdMainKernel {
     cute::prefetch_tma_descriptor(params.tma_q.get_tma_descriptor());
     cute::prefetch_tma_descriptor(params.tma_k.get_tma_descriptor());
     cute::prefetch_tma_descriptor(params.tma_v.get_tma_descriptor());
+    if constexpr (Traits::kTmaStoreOut) { cute::prefetch_tma_descriptor(params.tma_o.get_tma_descriptor()); }
     // Full barriers: one producer arrival (+ TMA bytes). Empty barriers: every MMA thread.
     for (int s = 0; s < Traits::kStagesQ; ++s) {
       ptx::mbar_init(&ss.bar_q_full[s], 1);
@@ -256,6 +257,26 @@ struct FwdMainKernel {
         Tensor gV = local_tile(domain_offset(make_coord(s.seq.row_k, _0{}), mV(_, _, h_kv, _0{})),
                                Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));
         load_tile(tma_q.partition_S(gQ), tma_k.partition_S(gK), tma_v.partition_S(gV), n_end);
+      } else if constexpr (Traits::kTmaStoreOut) {
+        // The tile decoded here, once, for the MMA warpgroups as well.
+        if (t >= p.order.num_tiles) {
+          ss.work.publish(k, FwdWorkItem{t, 0, 0, 0, 0});
+          break;
+        }
+        auto const tile = p.order.tile(t);
+        int const b = tile.bh / p.num_heads, h = tile.bh - b * p.num_heads;
+        ss.work.publish(k, FwdWorkItem{t, tile.bh, tile.m, b, h});
+        int const m = q_tile_of(tile, rank);
+        int const n_end = p.geo.n_end(m);  // 0: no row of the tile sees a key
+        if (n_end == 0) {
+          t = next_item(p, t);
+          continue;
+        }
+        int const h_kv = h / p.heads_per_kv_head;
+        Tensor gQ = local_tile(mQ(_, _, h, b), Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m, _0{}));
+        Tensor gK = local_tile(mK(_, _, h_kv, b), Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));
+        Tensor gV = local_tile(mV(_, _, h_kv, b), Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));
+        load_tile(tma_q.partition_S(gQ), tma_k.partition_S(gK), tma_v.partition_S(gV), n_end);
       } else {
         ss.work.publish(k, t);
         if (t >= p.order.num_tiles) { break; }
@@ -386,13 +407,34 @@ struct FwdMainKernel {
   // diagonal (bottom-right aligned). `geo`: geometry_of the tile.
   template <class Geo, class Frag, class Coords>
   static __device__ __forceinline__ void apply_mask(Geo const& geo, Frag& s, Coords const& tScS, int m, int n) {
-    int const key0 = n * kBlockN, query0 = m * kBlockM;
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < size(s); ++i) {
-      int const key = key0 + get<1>(tScS(i));
-      int const query = query0 + get<0>(tScS(i));
-      bool const masked = key >= geo.seqlen_k || (Is_causal && key > query + geo.seqlen_k - geo.seqlen_q);
-      if (masked) { s(i) = -INFINITY; }
+    if constexpr (Traits::kRowLimitMask) {
+      // Each of the thread's two rows sees the keys below one limit (min(seqlen_k, the diagonal
+      // + 1)), taken relative to the thread's first column: an element then costs one compare
+      // against a column offset known at compile time and one select, instead of its own key
+      // and query arithmetic (~200 instructions per masked block at hdim 128).
+      int const first_key = n * kBlockN + get<1>(tScS(0));
+      int limit[2];
+      CUTLASS_PRAGMA_UNROLL
+      for (int r = 0; r < 2; ++r) {
+        int const query = m * kBlockM + get<0>(tScS(2 * r));  // values 0 and 2: row halves 0 and 1
+        int visible_end = geo.seqlen_k;  // keys [0, visible_end) of this row are visible
+        if constexpr (Is_causal) { visible_end = min(visible_end, query + geo.seqlen_k - geo.seqlen_q + 1); }
+        limit[r] = visible_end - first_key;
+      }
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < size(s); ++i) {
+        int const col = get<1>(tScS(i)) - get<1>(tScS(0));  // compile-time: the thread's base cancels
+        if (col >= limit[row_half(i)]) { s(i) = -INFINITY; }
+      }
+    } else {
+      int const key0 = n * kBlockN, query0 = m * kBlockM;
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < size(s); ++i) {
+        int const key = key0 + get<1>(tScS(i));
+        int const query = query0 + get<0>(tScS(i));
+        bool const masked = key >= geo.seqlen_k || (Is_causal && key > query + geo.seqlen_k - geo.seqlen_q);
+        if (masked) { s(i) = -INFINITY; }
+      }
     }
   }
 
@@ -421,6 +463,15 @@ struct FwdMainKernel {
     Tensor tScS = thr_mma_qk.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
     Tensor tOcO = thr_mma_pv.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
 
+    // TMA-store tile end (kTmaStoreOut): this thread's part of the output tile in shared memory
+    // (stmatrix), its warpgroup's 64-row slab as the store's source, out as its destination.
+    auto smem_tiled_copy_o = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, tiled_mma_pv);
+    auto smem_thr_copy_o = smem_tiled_copy_o.get_thread_slice(mma_tidx);
+    Tensor tOsO = smem_thr_copy_o.partition_D(make_tensor(make_smem_ptr(ss.smem_o), typename Traits::SmemLayoutO{}));
+    Tensor sO_slab = make_tensor(make_smem_ptr(ss.smem_o + wg * Traits::kSlabElemsO), typename Traits::SmemLayoutOSlab{});
+    uint32_t const slab_barrier = uint32_t(FwdBarrier::kOutSlab0) + uint32_t(wg);
+    bool const slab_leader = mma_tidx % 128 == 0;  // issues and waits for its warpgroup's TMA stores
+
     float const scale_log2 = p.softmax_scale_log2;
     if (Traits::kPingPong && wg == NumMmaWarpGroups - 1) {
       ptx::named_arrive(uint32_t(FwdBarrier::kTurn0), 256);  // warpgroup 0 issues first
@@ -435,11 +486,16 @@ struct FwdMainKernel {
         t = work.item;
         m = work.m;
         bh = work.bh;
+      } else if constexpr (Traits::kTmaStoreOut) {
+        t = work.t;
       } else {
         t = work;
       }
       if (t >= p.order.num_tiles) { break; }  // the CTA is done
-      if constexpr (!kVarlen) {
+      if constexpr (Traits::kTmaStoreOut) {
+        m = q_tile_of(FwdTileOrder::Tile{work.bh, work.m_pair}, rank);
+        bh = work.bh;
+      } else if constexpr (!kVarlen) {
         auto const tile = p.order.tile(t);
         m = q_tile_of(tile, rank);
         bh = tile.bh;
@@ -580,7 +636,14 @@ struct FwdMainKernel {
       // ---- epilogue.
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < size(tOrO); ++i) { tOrO(i) *= inv_sum[row_half(i)]; }
-      int const b = bh / p.num_heads, h = bh - b * p.num_heads;
+      int b, h;
+      if constexpr (Traits::kTmaStoreOut) {
+        b = work.b;
+        h = work.h;
+      } else {
+        b = bh / p.num_heads;
+        h = bh - b * p.num_heads;
+      }
       // The tile's rows in out and lse: (batch, seqlen_q, heads, d) and (batch, heads, seqlen_q),
       // or varlen its sequence's rows of (total_q, heads, d) and (heads, total_q).
       Element* out;
@@ -593,7 +656,30 @@ struct FwdMainKernel {
         lse_rows = p.lse + int64_t(bh) * p.geo.seqlen_q;
       }
       int const row0 = m * kBlockM;
-      store_acc_rows_16B(tOrO, tOcO, 1.0f, out, p.out_strides.row, row0, geo.seqlen_q);
+      if constexpr (Traits::kTmaStoreOut) {
+        // O / rowsum as Element, staged in this warpgroup's slab (stmatrix) and written by one
+        // TMA store (rows past seqlen_q are clipped by the TMA unit). From registers, the row
+        // stores took a 4x4 transpose per quad (shuffles, selects): ~490 instructions per warp
+        // and tile at hdim 128 (kernel notes, twenty-fourth pass).
+        Tensor tOrO_out = detail::convert_fragment<Element>(tOrO);
+        // The slab is free once the previous tile's store has read it (the leader waits for
+        // that, the barrier tells the others); the store may read it once every thread's
+        // stmatrix writes are ordered before the async proxy's reads (fence, then the barrier).
+        if (slab_leader) { ptx::bulk_wait_group_read<0>(); }
+        ptx::named_sync(slab_barrier, 128);
+        copy(smem_tiled_copy_o, smem_thr_copy_o.retile_S(tOrO_out), tOsO);
+        ptx::fence_proxy_async_smem();
+        ptx::named_sync(slab_barrier, 128);
+        if (slab_leader) {
+          Tensor mO = p.tma_o.get_tma_tensor(p.shape_q);
+          Tensor gO = local_tile(mO(_, _, h, b), Shape<_64, Int<kHeadDim>>{}, make_coord(m * NumMmaWarpGroups + wg, _0{}));
+          auto tma_o = p.tma_o.get_slice(_0{});
+          copy(p.tma_o, tma_o.partition_S(sO_slab), tma_o.partition_D(gO));
+          ptx::bulk_commit_group();
+        }
+      } else {
+        store_acc_rows_16B(tOrO, tOcO, 1.0f, out, p.out_strides.row, row0, geo.seqlen_q);
+      }
       if (threadIdx.x % 4 == 0) {
         CUTLASS_PRAGMA_UNROLL
         for (int r = 0; r < 2; ++r) {
@@ -604,6 +690,11 @@ struct FwdMainKernel {
       if constexpr (kVarlen) {
         if (m == p.order.num_m_blocks - 1) { write_nan_past_grid(p, out, lse_rows, work.seq.seqlen_q, mma_tidx); }
       }
+    }
+    // The last TMA store reads this CTA's shared memory, which ends with the CTA: wait until it
+    // is complete before the warpgroup exits.
+    if constexpr (Traits::kTmaStoreOut) {
+      if (slab_leader) { ptx::bulk_wait_group<0>(); }
     }
   }
 

@@ -30,6 +30,19 @@ struct FwdSeqTile {
   SeqPlace seq;
 };
 
+// A padded Q tile as the producer hands it to the MMA warpgroups when the tile ends with a TMA
+// store (FwdTileConfig.kTmaStoreOut): the work item and its Q tile decoded once
+// (FwdTileOrder::tile and the batch / head split are integer divisions that every MMA warp
+// repeated per tile otherwise, ~90 instructions).
+struct FwdWorkItem {
+  int t;           // >= the order's num_tiles: no more work
+  int bh, m_pair;  // FwdTileOrder::tile(t) (m_pair: the order's Q block, a pair of tiles with clusters)
+  int b, h;        // bh = b * num_heads + h
+};
+
+// Stands in for the output's TMA descriptor in kernels that store rows from registers.
+struct NoTmaStore {};
+
 // kClusterM_ = 2: the kernel runs in clusters of two CTAs that work on adjacent Q tiles of one
 // head (tiles 2p and 2p + 1 of the pair order) and load every K and V block once for both:
 // each CTA's producer loads half of the block and multicasts it into both CTAs' shared memory
@@ -63,9 +76,15 @@ struct FwdTraits {
                 "K/V multicast pairs Q tiles that walk the same KV blocks: full masks, clusters of 2");
   static constexpr bool kVarlen = kVarlen_;
   static_assert(!kVarlen || kClusterM == 1, "a varlen pair of Q tiles may span two sequences: one CTA per tile");
+  // The tile's end (FwdTileConfig.kTmaStoreOut): output rows staged in shared memory and stored
+  // by TMA, the decoded tile handed over by the producer. Varlen keeps the row stores: a TMA
+  // store of a tile's 64 rows would overwrite the next sequence's first rows.
+  static constexpr bool kTmaStoreOut = Config::kTmaStoreOut && !kVarlen;
+  static constexpr bool kRowLimitMask = Config::kRowLimitMask;
   static constexpr int kProducerRegisters = 24;
   static constexpr int kMmaRegisters = Config::kMmaRegisters;
   static_assert(kBlockM == 64 * NumMmaWarpGroups, "each MMA warpgroup owns 64 rows of the Q tile");
+  static_assert(NumMmaWarpGroups <= 4, "named barriers kTurn0 + w and kOutSlab0 + w (FwdBarrier)");
 
   // ---- WGMMA tilings -------------------------------------------------------------------
   // S = Q K^T: Q and K from smem. O += P V: P from registers (the S accumulator converted
@@ -91,6 +110,12 @@ struct FwdTraits {
       SmemLayoutV{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{},
                                  Stride<Int<kBlockN>, _1, Int<kBlockN * kHeadDim>>{})));
 
+  // The output tile staged for the TMA store (kTmaStoreOut): one 64-row slab per MMA warpgroup
+  // (each stores its own rows when its softmax is done), slabs one after another.
+  using SmemLayoutOSlab = decltype(tile_to_shape(SmemAtom{}, Shape<_64, Int<kHeadDim>>{}));
+  using SmemLayoutO = decltype(tile_to_shape(SmemLayoutOSlab{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+  static constexpr int kSlabElemsO = cosize_v<SmemLayoutOSlab>;
+
   // ---- TMA -------------------------------------------------------------------------------
   using ShapeBSHD = Shape<int32_t, int32_t, int32_t, int32_t>;  // (seqlen, d, head, batch)
   using StrideBSHD = Stride<int64_t, _1, int64_t, int64_t>;
@@ -102,6 +127,12 @@ struct FwdTraits {
   using TmaKVOp = std::conditional_t<kClusterM == 1, SM90_TMA_LOAD, SM90_TMA_LOAD_MULTICAST>;
   using TMA_KV = decltype(make_tma_copy(TmaKVOp{}, GmemTensor{}, take<0, 2>(SmemLayoutK{}),
                                         Shape<Int<kBlockN>, Int<kHeadDim>>{}, Int<kClusterM>{}));
+  using GmemTensorOut = decltype(make_tensor(make_gmem_ptr(static_cast<Element*>(nullptr)), ShapeBSHD{},
+                                             StrideBSHD{}));
+  using TMA_O = std::conditional_t<kTmaStoreOut,
+                                   decltype(make_tma_copy(SM90_TMA_STORE{}, GmemTensorOut{}, SmemLayoutOSlab{},
+                                                          Shape<_64, Int<kHeadDim>>{}, _1{})),
+                                   NoTmaStore>;
   static constexpr uint32_t kBytesQ = kBlockM * kHeadDim * sizeof(Element);
   // Bytes that land in one CTA's K (or V) stage: the whole block, its own slice and its peers'.
   static constexpr uint32_t kBytesKV = kBlockN * kHeadDim * sizeof(Element);
@@ -112,14 +143,16 @@ struct FwdTraits {
     alignas(1024) Element smem_q[cosize_v<SmemLayoutQ>];
     alignas(1024) Element smem_k[cosize_v<SmemLayoutK>];
     alignas(1024) Element smem_v[cosize_v<SmemLayoutV>];
+    alignas(1024) Element smem_o[kTmaStoreOut ? cosize_v<SmemLayoutO> : 8];  // 8: unused
     alignas(8) uint64_t bar_q_full[kStagesQ];
     uint64_t bar_q_empty[kStagesQ];
     uint64_t bar_k_full[kStages];
     uint64_t bar_k_empty[kStages];
     uint64_t bar_v_full[kStages];
     uint64_t bar_v_empty[kStages];
-    // producer -> MMA warpgroups: the CTA's next Q tile; varlen: with its sequence's place
-    WorkRingT<std::conditional_t<kVarlen, FwdSeqTile, int>> work;
+    // producer -> MMA warpgroups: the CTA's next Q tile; varlen: with its sequence's place;
+    // with the TMA-store tile end: decoded
+    WorkRingT<std::conditional_t<kVarlen, FwdSeqTile, std::conditional_t<kTmaStoreOut, FwdWorkItem, int>>> work;
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= 227 * 1024, "shared storage exceeds the sm_90 per-block limit");
@@ -142,11 +175,15 @@ struct FwdTraits {
     int const* cu_seqlens_q;
     int const* cu_seqlens_k;
     int64_t lse_head_stride;
+    // kTmaStoreOut only: out (seqlen_q, d, heads, batch) as the epilogue's TMA store
+    // destination. Last, so that the other fields keep their constant-bank offsets.
+    TMA_O tma_o;
   };
 };
 
 // Named barriers of the forward (id 0 is __syncthreads): kTurn0 + w is MMA warpgroup w's
-// turn to issue its GEMMs (ping-pong).
-enum class FwdBarrier : uint32_t { kTurn0 = 1 };
+// turn to issue its GEMMs (ping-pong); kOutSlab0 + w gathers warpgroup w's 128 threads around
+// the staging of its output slab (kTmaStoreOut).
+enum class FwdBarrier : uint32_t { kTurn0 = 1, kOutSlab0 = 5 };
 
 }  // namespace dash

@@ -232,9 +232,11 @@ class FwdTileConfig:
     # registers (a 4x4 transpose per quad: ~490 instructions per warp and tile at hdim 128) and
     # the item index alone. Not for varlen (a tile's rows past its sequence belong to the next
     # one, which a TMA store would overwrite): those kernels keep the row stores. Measured on the
-    # H200 together with row_limit_mask (docs/kernel-notes.md, twenty-sixth pass): hdim 128 full
-    # 1k / 2k / 16k +3.8 / +2.0 / +0.2 %, causal +6.5 / +3.7 / 0.0 %; hdim 64 full 2k / 16k
-    # +0.4 / -0.9 %, causal +0.3 / -2.2 % (so False there). Same bits.
+    # H200 together with row_limit_mask (docs/kernel-notes.md, twenty-sixth pass), the shipped
+    # build against the previous one: hdim 128 full 1k / 2k / 8k / 16k +4.1 / +1.9 / +3.2 / +0.5 %,
+    # causal +6.4 / +3.8 / +1.0 / +1.0 %; the same changes at hdim 64 (a variant build): full
+    # 2k / 16k +0.4 / -0.9 %, causal +0.3 / -2.2 % (so False there). Same bits. 32 KB more
+    # shared memory (one CTA per SM either way).
     tma_store_out: bool = False
     # Masked blocks compare each key against one visible-key limit per row (min(seqlen_k, the
     # diagonal + 1), computed once per row half) instead of recomputing the key and query of

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 #: iteration. tests/test_profile_cli.py checks this against the ``__global__`` functions in
 #: csrc/. Where the forward runs PyTorch's SDPA instead of ``fwd_main_kernel`` (a checkout
 #: from before DASH's forward kernel), only the three backward kernels match.
-DASH_KERNELS: tuple[str, ...] = ("fwd_main_kernel", "bwd_preprocess_kernel", "bwd_main_kernel",
-                                 "bwd_convert_dq_kernel")
+DASH_KERNELS: tuple[str, ...] = ("fwd_main_kernel", "bwd_preprocess_kernel", "bwd_varlen_live_columns_kernel",
+                                 "bwd_main_kernel", "bwd_convert_dq_kernel")
 #: The kernel that does the backward's work: the one to read first in ncu.
 BWD_MAIN_KERNEL = "bwd_main_kernel"
 #: NVTX range name of profiled iteration ``i`` (ncu's --nvtx-include needs the exact name).

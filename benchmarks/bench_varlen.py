@@ -88,11 +88,13 @@ def run_row(mix: str, head_dim: int, causal: bool, iters: int, warmup: int, with
                                           deterministic=True)[0] for a, b in pieces])
 
     modes["dash_per_sequence_det"] = (per_sequence, True)
-    try:
-        if not with_fa3:
-            raise ImportError("--no-fa3")
-        import flash_attn_interface as fa3
-
+    fa3 = None
+    if with_fa3:
+        try:
+            import flash_attn_interface as fa3
+        except ImportError:
+            pass
+    if fa3 is not None:
         def fa3_varlen(det):
             def call():
                 out = fa3.flash_attn_varlen_func(q, k, v, cu, cu, longest, longest, causal=causal, deterministic=det)
@@ -100,8 +102,6 @@ def run_row(mix: str, head_dim: int, causal: bool, iters: int, warmup: int, with
             return call
         modes["fa3_varlen_det"] = (fa3_varlen(True), True)
         modes["fa3_varlen_nondet"] = (fa3_varlen(False), True)
-    except ImportError:
-        pass
 
     row = {"mix": mix, "lengths": lengths, "head_dim": head_dim, "heads": heads, "causal": causal,
            "fwd_flops": flops, "ms": {}, "tflops": {}, "errors": {}}

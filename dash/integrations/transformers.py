@@ -749,7 +749,9 @@ def attention_forward(
     causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
     rows = _varlen_rows(name, attention_mask, kwargs, seqlen_q, seqlen_k)
     if rows is None:
-        causal = _mask_decides_causal(name, attention_mask, causal, seqlen_q, seqlen_k)
+        # A 2D mask that reaches here pads nothing (_varlen_rows read it): no second read.
+        two_d = isinstance(attention_mask, Tensor) and attention_mask.dim() == 2
+        causal = _mask_decides_causal(name, None if two_d else attention_mask, causal, seqlen_q, seqlen_k)
         _check_position_ids(name, kwargs.get("position_ids"), seqlen_q)
 
     # Layout: (B, H, S, D) -> (B, S, H, D) views; a copy only when DASH could not read the view.
@@ -768,50 +770,49 @@ def attention_forward(
     return out, None
 
 
+def _padding_of(attention_mask: Tensor, seqlen_q: int, seqlen_k: int) -> Optional[VarlenRows]:
+    """The padded rows a 2D (batch, keys) mask describes, None when it pads nothing; read once
+    per tensor version (the layers of one forward share the mask)."""
+    if attention_mask.shape[-1] < seqlen_k:
+        raise ValueError(
+            f"attention_mask has shape {tuple(attention_mask.shape)} but the keys have length {seqlen_k}; a 2D mask "
+            "must cover every key"
+        )
+    key = ("rows", seqlen_q, seqlen_k)
+    padded = _padding_rows.get(attention_mask, key)
+    if padded is None:
+        m = attention_mask[:, -seqlen_k:]
+        all_kept = bool((m if m.dtype == torch.bool else m != 0).all())
+        padded = False if all_kept else _rows_from_padding_mask(m, seqlen_q)
+        _padding_rows.put(attention_mask, key, padded)
+    return padded or None
+
+
 def _varlen_rows(
     name: str, attention_mask: Any, kwargs: dict, seqlen_q: int, seqlen_k: int
 ) -> Optional[VarlenRows]:
     """The packed or padded rows this call runs on, or None for a plain batch: FA's
     ``cu_seq_lens_*`` keywords first (as transformers' flash paths take them), else the
-    :class:`VarlenRows` DASH's mask function made, else a 2D padding mask (cached across the
-    layers sharing it)."""
-    rows = _rows_from_kwargs(name, kwargs)
+    :class:`VarlenRows` DASH's mask function made, else a 2D padding mask."""
+    given = _rows_from_kwargs(name, kwargs)
     if isinstance(attention_mask, VarlenRows):
-        if rows is not None and attention_mask.kind == "padding":
-            raise ValueError(
-                f"attn_implementation={name!r}: got both a padding mask and cu_seq_lens_q/k; pass one description of "
-                "the sequences (a padding-free packed batch with cu_seq_lens, or a padded batch with attention_mask)"
-            )
-        rows = rows or attention_mask
+        described = attention_mask
     elif isinstance(attention_mask, Tensor) and attention_mask.dim() == 2:
-        if attention_mask.shape[-1] < seqlen_k:
-            raise ValueError(
-                f"attention_mask has shape {tuple(attention_mask.shape)} but the keys have length {seqlen_k}; a 2D mask "
-                "must cover every key"
-            )
-        key = ("rows", seqlen_q, seqlen_k)
-        padded = _padding_rows.get(attention_mask, key)
-        if padded is None:
-            m = attention_mask[:, -seqlen_k:]
-            all_kept = bool((m if m.dtype == torch.bool else m != 0).all())
-            padded = False if all_kept else _rows_from_padding_mask(m, seqlen_q)
-            _padding_rows.put(attention_mask, key, padded)
-        if padded is not False:
-            if rows is not None:
-                raise ValueError(
-                    f"attn_implementation={name!r}: got both a padding mask and cu_seq_lens_q/k; pass one description "
-                    "of the sequences"
-                )
-            rows = padded
-        elif rows is not None:
-            return rows
-    elif rows is not None and attention_mask is not None:
+        described = _padding_of(attention_mask, seqlen_q, seqlen_k)
+    elif given is not None and attention_mask is not None:
         raise _unsupported(
             name, "packed sequences with an attention mask",
             f"cu_seq_lens_q/k and an attention_mask of shape {tuple(getattr(attention_mask, 'shape', ()))}",
             "pass cu_seq_lens without a mask (each sequence gets the model's causal or full mask)",
         )
-    return rows
+    else:
+        described = None
+    if given is not None and described is not None and described.kind == "padding":
+        raise ValueError(
+            f"attn_implementation={name!r}: got both a padding mask and cu_seq_lens_q/k; pass one description of "
+            "the sequences (a padding-free packed batch with cu_seq_lens, or a padded batch with attention_mask)"
+        )
+    return given or described
 
 
 def _varlen_attention(

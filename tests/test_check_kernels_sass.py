@@ -105,3 +105,26 @@ def test_ptxas_wgmma_serialisation_is_attributed_to_its_kernel(ck):
     bad, good = ck.parse_ptxas(log)
     assert (bad["mangled"], bad["wgmma_serialised"], bad["registers"]) == ("_Z3badv", ["C7514", "C7517"], 168)
     assert (good["mangled"], good["wgmma_serialised"], good["spill_stores"]) == ("_Z4goodv", [], 0)
+
+
+def test_ptxas_stack_frame_is_not_hidden_by_a_callee(ck):
+    # ptxas -v of the varlen preprocess before its parameter became __grid_constant__: passing
+    # the parameter by reference to a non-inlined helper copied it to the stack (336 B per
+    # thread, ~4 GB of local stores per backward of a skewed batch), and the helper's own
+    # "0 bytes stack frame", printed after the kernel's, used to overwrite the kernel's 336.
+    log = "\n".join([
+        "ptxas info    : Compiling entry function '_Z10preprocessv' for 'sm_90a'",
+        "ptxas info    : Function properties for _Z10preprocessv",
+        "    336 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads",
+        "ptxas info    : Used 48 registers, used 0 barriers, 336 bytes cumulative stack size",
+        "ptxas info    : Compile time = 35.556 ms",
+        "ptxas info    : Function properties for _Z6helperRK6Params",
+        "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads",
+        "ptxas info    : Compiling entry function '_Z5cleanv' for 'sm_90a'",
+        "ptxas info    : Function properties for _Z5cleanv",
+        "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads",
+        "ptxas info    : Used 31 registers, used 1 barriers, 1024 bytes smem",
+    ])
+    pre, clean = ck.parse_ptxas(log)
+    assert (pre["mangled"], pre["stack"], pre["registers"]) == ("_Z10preprocessv", 336, 48)
+    assert (clean["mangled"], clean["stack"], clean["spill_stores"]) == ("_Z5cleanv", 0, 0)

@@ -237,12 +237,12 @@ def test_varlen_backward_gqa_fp16_and_long(causal, head_dim):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_varlen_backward_of_a_skewed_batch(head_dim, causal, schedule):
-    """One long sequence beside 40 short ones: most of the padded grid's columns lie past a
+    """One long sequence beside 100 short ones: most of the padded grid's columns lie past a
     short sequence's keys and are left out of the claims (bwd_varlen_live_columns_kernel; more
-    than one chunk of its 1024 threads: 41 x 8 heads x 16 columns). Gradients against the
-    reference in both modes, and the deterministic bits repeat."""
+    than one chunk of its 1024 threads x 8 items: 101 x 8 heads x 16 columns). Gradients
+    against the reference in both modes, and the deterministic bits repeat."""
     gen = random.Random(_seed("varlen-skewed-lengths", head_dim, causal, schedule))
-    lengths = [2048] + [gen.randint(1, 200) for _ in range(40)]
+    lengths = [2048] + [gen.randint(1, 200) for _ in range(100)]
     gen.shuffle(lengths)
     seed = _seed("varlen-skewed", head_dim, causal, schedule)
     q, k, v, cu_q, cu_k = _packed(lengths, lengths, 8, 2, head_dim, torch.bfloat16, seed)

@@ -34,7 +34,13 @@ FUNC_RE = re.compile(r"Compiling entry function '(\S+)' for 'sm_90a'")
 # the GEMM is in flight) or injected a warpgroup.wait (C7517). Each costs the GEMMs' overlap,
 # silently (a draft of the forward's tile end drew C7514 + C7517).
 WGMMA_SERIAL_RE = re.compile(r"\((C75\d\d)\)[^\n]*(?:wgmma|warpgroup)[^\n]*function '(\w+)'", re.IGNORECASE)
+# ptxas prints a "Function properties for NAME" line, then NAME's stack frame and spills, for each
+# entry and for each non-inlined device function it calls: the numbers belong to NAME, which is
+# not always the entry being compiled (a callee's "0 bytes stack frame" once hid a kernel's 336).
+PROPS_FOR_RE = re.compile(r"Function properties for (\S+)")
 PROPS_RE = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+# The entry's stack including its callees' (a kernel parameter copied to local memory, e.g.).
+CUMULATIVE_STACK_RE = re.compile(r"(\d+) bytes cumulative stack size")
 REGS_RE = re.compile(r"Used (\d+) registers")
 
 
@@ -107,6 +113,7 @@ def compile_tu(nvcc: str, cutlass: Path, tu: Path, outdir: Path) -> tuple[Path, 
 def parse_ptxas(log: str) -> list[dict]:
     kernels = []
     current = None
+    props_for = None  # the function the next stack / spill line describes
     serialised: dict[str, list[str]] = {}
     for line in log.splitlines():
         m = WGMMA_SERIAL_RE.search(line)
@@ -115,14 +122,27 @@ def parse_ptxas(log: str) -> list[dict]:
             continue
         m = FUNC_RE.search(line)
         if m:
+            props_for = None
             current = {"mangled": m.group(1)}
             kernels.append(current)
+            continue
+        m = PROPS_FOR_RE.search(line)
+        if m:
+            props_for = m.group(1)
             continue
         if current is None:
             continue
         m = PROPS_RE.search(line)
         if m:
-            current["stack"], current["spill_stores"], current["spill_loads"] = map(int, m.groups())
+            stack, stores, loads = map(int, m.groups())
+            if props_for in (None, current["mangled"]):
+                current["stack"] = max(current.get("stack", 0), stack)
+            # a callee's spills are the kernel's too (it runs them)
+            current["spill_stores"] = current.get("spill_stores", 0) + stores
+            current["spill_loads"] = current.get("spill_loads", 0) + loads
+        m = CUMULATIVE_STACK_RE.search(line)
+        if m:
+            current["stack"] = max(current.get("stack", 0), int(m.group(1)))
         m = REGS_RE.search(line)
         if m:
             current["registers"] = int(m.group(1))
@@ -230,6 +250,13 @@ def main(argv: list[str] | None = None) -> int:
                     codes = "/".join(k["wgmma_serialised"])
                     failures.append(f"{tu.name}: {name}: ptxas {codes} on its WGMMA pipeline (serialised or waited; see -Xptxas -v)")
                     note.append(f"WGMMA {codes}")
+                if cuobjdump and not ("bwd_main_kernel" in name or "fwd_main_kernel" in name):
+                    # the small kernels too: no local memory anywhere (a parameter copied to the
+                    # stack is STL in every thread of every block, hot loop or not)
+                    local = len(re.findall(r"\b(LDL|STL)\b", sass.get(k["mangled"], "")))
+                    if local:
+                        failures.append(f"{tu.name}: {name} SASS: LDL/STL {local}")
+                        note.append(f"LDL/STL {local}")
                 if cuobjdump and ("bwd_main_kernel" in name or "fwd_main_kernel" in name):
                     code = sass.get(k["mangled"], "")
                     hgmma, utma = code.count("HGMMA"), code.count("UTMALDG")

@@ -104,6 +104,10 @@ __device__ __forceinline__ SeqPlace prepost_seq(PrepostParams const& p, int b) {
 // (load_seq_place_within), so its gradients would stay unwritten: the preprocess's first Q-tile
 // block of each (b, h) writes NaN to all of the sequence's rows of head h of dq, and of dk and dv
 // (or their GQA accumulators) when h is also a KV head. Nothing later writes those rows.
+// `p` is the kernel's __grid_constant__ parameter: a reference to it stays in parameter space.
+// (Without that qualifier the reference made every thread of every block copy the 336-byte
+// struct to its stack at kernel entry: ~4 GB of local stores per backward of a skewed batch of
+// 29 sequences, 1.1 ms of a 3.5 ms backward, kernel notes, twenty-seventh pass.)
 template <class Traits>
 __device__ __noinline__ void fill_nan_if_longer_than_grid(PrepostParams const& p, int b, int h) {
   using Element = typename Traits::Element;
@@ -132,7 +136,7 @@ __device__ __noinline__ void fill_nan_if_longer_than_grid(PrepostParams const& p
 
 template <class Traits>
 __global__ void __launch_bounds__(kPreprocessThreads)
-    bwd_preprocess_kernel(PrepostParams const p) {
+    bwd_preprocess_kernel(CUTE_GRID_CONSTANT PrepostParams const p) {
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kHeadDim = Traits::kHeadDim;
@@ -200,7 +204,7 @@ __global__ void __launch_bounds__(kPreprocessThreads)
 
 template <class Traits>
 __global__ void __launch_bounds__(Traits::NumMmaThreads)
-    bwd_convert_dq_kernel(PrepostParams const p) {
+    bwd_convert_dq_kernel(CUTE_GRID_CONSTANT PrepostParams const p) {
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kHeadDim = Traits::kHeadDim;
@@ -317,36 +321,67 @@ __global__ void __launch_bounds__(Traits::NumMmaThreads)
 // dK / dV. The others wrote nothing (their rows belong to the next sequence) and, under GQA,
 // took their group's dK / dV turns with nothing to add, for every query head alike.
 constexpr int kLiveColumnsThreads = 1024;
+// Items per thread and chunk: 8 keeps the sequence lookups of one thread in flight together and
+// a skewed batch's 47k items to 6 chunks (one item per thread took 46 chunks and 47 us at hdim
+// 128, 94 us at hdim 64: a pass through two block barriers and dependent loads per chunk).
+constexpr int kLiveColumnsPerThread = 8;
 
 template <class Traits, class MainParams>
-__global__ void __launch_bounds__(kLiveColumnsThreads) bwd_varlen_live_columns_kernel(MainParams const p) {
+__global__ void __launch_bounds__(kLiveColumnsThreads) bwd_varlen_live_columns_kernel(CUTE_GRID_CONSTANT MainParams const p) {
   constexpr int kWarps = kLiveColumnsThreads / 32;
-  __shared__ int warp_live[kWarps];
+  constexpr int kChunk = kLiveColumnsThreads * kLiveColumnsPerThread;
+  static_assert(kWarps == 32, "the warp totals are scanned by one warp, a lane each");
+  __shared__ int warp_prefix[kWarps];
+  __shared__ int chunk_live;
   int* const live_columns = const_cast<int*>(p.live_columns);
   int const num_columns = p.schedule.num_columns();
   int const lane = int(threadIdx.x) % 32, warp = int(threadIdx.x) / 32;
   int listed = 0;  // live items before this chunk
-  for (int chunk = 0; chunk < num_columns; chunk += kLiveColumnsThreads) {
-    int const item = chunk + int(threadIdx.x);
-    bool live = false;
-    if (item < num_columns) {
-      ColumnCoord const col = p.schedule.column(item);
-      SeqPlace const seq = load_seq_place_within(p.cu_seqlens_q, p.cu_seqlens_k, col.b, p.schedule.geo.seqlen_q,
-                                                 p.schedule.geo.seqlen_k);
-      live = col.n * Traits::kBlockN < seq.seqlen_k;
+  for (int chunk = 0; chunk < num_columns; chunk += kChunk) {
+    // This thread's items are chunk + threadIdx.x * 8 + [0, 8): consecutive, so that the
+    // thread-order prefix below keeps the list in item (claim) order.
+    int const first = chunk + int(threadIdx.x) * kLiveColumnsPerThread;
+    unsigned live = 0;  // bit i: item first + i is live
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < kLiveColumnsPerThread; ++i) {
+      int const item = first + i;
+      if (item < num_columns) {
+        ColumnCoord const col = p.schedule.column(item);
+        SeqPlace const seq = load_seq_place_within(p.cu_seqlens_q, p.cu_seqlens_k, col.b, p.schedule.geo.seqlen_q,
+                                                   p.schedule.geo.seqlen_k);
+        live |= unsigned(col.n * Traits::kBlockN < seq.seqlen_k) << i;
+      }
     }
-    unsigned const ballot = __ballot_sync(0xffffffffu, live);
-    if (lane == 0) { warp_live[warp] = __popc(ballot); }
+    // Exclusive prefix of the live counts over the block's threads: within the warp by
+    // shuffles, across warps through one warp's scan of the warp totals.
+    int const count = __popc(live);
+    int inclusive = count;
+    CUTLASS_PRAGMA_UNROLL
+    for (int d = 1; d < 32; d *= 2) {
+      int const up = __shfl_up_sync(0xffffffffu, inclusive, d);
+      if (lane >= d) { inclusive += up; }
+    }
+    if (lane == 31) { warp_prefix[warp] = inclusive; }  // the warp's total, for now
     __syncthreads();
-    int before = listed, in_chunk = 0;
-    for (int w = 0; w < kWarps; ++w) {
-      int const c = warp_live[w];
-      before += w < warp ? c : 0;
-      in_chunk += c;
+    if (warp == 0) {  // each lane reads and rewrites its own slot only
+      int const total = warp_prefix[lane];
+      int scan = total;
+      CUTLASS_PRAGMA_UNROLL
+      for (int d = 1; d < 32; d *= 2) {
+        int const up = __shfl_up_sync(0xffffffffu, scan, d);
+        if (lane >= d) { scan += up; }
+      }
+      warp_prefix[lane] = scan - total;  // live items of the warps before
+      if (lane == 31) { chunk_live = scan; }
     }
-    if (live) { live_columns[before + __popc(ballot & ((1u << lane) - 1u))] = item; }
-    listed += in_chunk;
-    __syncthreads();  // warp_live is rewritten by the next chunk
+    __syncthreads();
+    int slot = listed + warp_prefix[warp] + inclusive - count;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < kLiveColumnsPerThread; ++i) {
+      if (live >> i & 1u) { live_columns[slot++] = first + i; }
+    }
+    listed += chunk_live;
+    __syncthreads();  // warp_prefix and chunk_live are rewritten by the next chunk
   }
   if (threadIdx.x == 0) { live_columns[num_columns] = listed; }
 }

@@ -250,17 +250,16 @@ def main(argv: list[str] | None = None) -> int:
                     codes = "/".join(k["wgmma_serialised"])
                     failures.append(f"{tu.name}: {name}: ptxas {codes} on its WGMMA pipeline (serialised or waited; see -Xptxas -v)")
                     note.append(f"WGMMA {codes}")
-                if cuobjdump and not ("bwd_main_kernel" in name or "fwd_main_kernel" in name):
-                    # the small kernels too: no local memory anywhere (a parameter copied to the
-                    # stack is STL in every thread of every block, hot loop or not)
-                    local = len(re.findall(r"\b(LDL|STL)\b", sass.get(k["mangled"], "")))
-                    if local:
-                        failures.append(f"{tu.name}: {name} SASS: LDL/STL {local}")
-                        note.append(f"LDL/STL {local}")
-                if cuobjdump and ("bwd_main_kernel" in name or "fwd_main_kernel" in name):
-                    code = sass.get(k["mangled"], "")
+                main_kernel = "bwd_main_kernel" in name or "fwd_main_kernel" in name
+                code = sass.get(k["mangled"], "") if cuobjdump else ""
+                # No local memory in any kernel, small ones included (a parameter copied to the
+                # stack is STL in every thread of every block, hot loop or not).
+                local = len(re.findall(r"\b(LDL|STL)\b", code))
+                if cuobjdump and not main_kernel and local:
+                    failures.append(f"{tu.name}: {name} SASS: LDL/STL {local}")
+                    note.append(f"LDL/STL {local}")
+                if cuobjdump and main_kernel:
                     hgmma, utma = code.count("HGMMA"), code.count("UTMALDG")
-                    local = len(re.findall(r"\b(LDL|STL)\b", code))
                     note.append(f"HGMMA {hgmma}, UTMALDG {utma}, LDL/STL {local}")
                     if hgmma == 0 or utma == 0 or local:
                         failures.append(f"{tu.name}: {name} SASS: HGMMA {hgmma}, UTMALDG {utma}, LDL/STL {local}")

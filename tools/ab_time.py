@@ -39,10 +39,12 @@ def main() -> int:
     ap.add_argument("--mask", choices=("full", "causal", "both"), default="both")
     ap.add_argument("--deterministic", action="store_true", help="bwd: deterministic mode (schedule auto)")
     ap.add_argument("--iters", type=int, default=12)
-    ap.add_argument("--scores", choices=("random", "rising"), default="random",
+    ap.add_argument("--scores", choices=("random", "rising", "sink"), default="random",
                     help="rising: every row's scores grow by more than 2**8 (exp2 units) per 128 keys toward "
                          "key 0, the forward's last block, so its online softmax raises its max on every block "
-                         "(the worst case of FwdTileConfig.rescale_max_growth_log2)")
+                         "(the worst case of FwdTileConfig.rescale_max_growth_log2); sink: keys 0-3 score 12 "
+                         "natural units above the rest in every row (an attention sink, met in the last block "
+                         "the forward visits: FwdTileConfig.lazy_max_sum_log2's typical outgrown block)")
     ap.add_argument("--sustained", type=nonnegative_float, default=0.0,
                     help="seconds of back-to-back calls per side and round under sustained load (0: bursts)")
     args = ap.parse_args()
@@ -97,6 +99,8 @@ def _time_rows(args, sampler) -> int:
                 q, k, v = inputs["q"], inputs["k"], inputs["v"]
                 if args.scores == "rising":
                     _make_scores_rise(inputs, causal)
+                elif args.scores == "sink":
+                    _make_sink(inputs, causal)
                 digest = tensor_digest(inputs["out"])[:16] + "/" + tensor_digest(inputs["lse"])[:16]
                 det = bool(args.deterministic)
                 inputs.update(causal=causal, det=det, qkv_t=tuple(t.transpose(1, 2) for t in (q, k, v)),
@@ -137,6 +141,17 @@ def _make_scores_rise(s, causal):
     q[..., 0] = 8.0
     ramp = (seqlen - torch.arange(seqlen, device=k.device, dtype=torch.float32)) / 128 * 7.0 * 8.0 * d**0.5 / 64
     k[..., 0] = ramp[None, :, None].to(k.dtype)
+    s["out"], s["lse"] = ops.forward_impl(q, k, s["v"], s["scale"], causal)
+
+
+def _make_sink(s, causal):
+    """Keys 0-3 score about 12 natural units above the others in every row (q's first coordinate
+    1, k's 12 * sqrt(d) for those keys); out and lse are recomputed from the new inputs."""
+    from dash import ops
+
+    q, k = s["q"], s["k"]
+    q[..., 0] = 1.0
+    k[:, :4, :, 0] = 12.0 * k.shape[-1] ** 0.5
     s["out"], s["lse"] = ops.forward_impl(q, k, s["v"], s["scale"], causal)
 
 

@@ -51,6 +51,24 @@ def test_hot_loop_counts_the_innermost_wgmma_loop(ck):
                  "ex2": 12}
 
 
+def test_hot_loop_is_not_fooled_by_a_retry_stub_branching_back(ck):
+    """A barrier's retry stub after the last EXIT jumps back to its wait, here the tile end's wait
+    for V before the last P·V GEMM (8 HGMMA): that closes a range with fewer instructions than the
+    real loop, which carries a 300-instruction cold path (the forward's lazy max). The real loop
+    must be reported."""
+    inner = loop_body(ex2_before_wait=64, ex2_after=0, moves=0) + ["FMNMX R7, R7, R8, !PT"] * 300
+    lines = inner + ["@P0 BRA 0x0"]
+    wait = len(lines)
+    lines += ["SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR4], R3", "@!P0 BRA 0xSTUB", "WARPGROUP.ARRIVE"]
+    lines += [f"HGMMA.64x128x16.F32.BF16 R88, R120, gdesc[UR8].tnspB, R88{', gsb0' if i == 7 else ''}" for i in range(8)]
+    lines += ["FMUL R88, R88, R3"] * 40 + ["EXIT"]
+    stub = len(lines)
+    lines += ["SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR4], R3", "@!P0 BRA 0x%x" % (16 * stub), "BRA 0x%x" % (16 * wait)]
+    lines = [x.replace("0xSTUB", "0x%x" % (16 * stub)) for x in lines]
+    r = ck.hot_loop(sass(lines))
+    assert r["instructions"] == len(inner) + 1 and r["hgmma"] == 16 and r["ex2_before_wait"] == 64
+
+
 def test_hot_loop_ignores_loops_without_wgmma_and_forward_branches(ck):
     lines = ["MOV R1, 0x0", "IADD3 R1, R1, 0x1, RZ", "@P0 BRA 0x10",  # a loop with no HGMMA
              "@P1 BRA 0x50", "EXIT", "EXIT"]  # a forward branch

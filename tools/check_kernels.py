@@ -180,7 +180,9 @@ def sass_by_function(cuobjdump: str, obj: Path) -> dict[str, str]:
 
 def hot_loop(code: str) -> dict | None:
     """The innermost loop holding the kernel's per-block WGMMA work (the smallest loop, by
-    instructions, with at least 8 HGMMA), as counts: instructions,
+    instructions, with at least 8 HGMMA; back edges after the kernel's last EXIT are not loops but
+    the retry stubs of barrier waits, which jump back to their wait and so would close a "loop"
+    around whatever lies between, e.g. a tile end's last P·V GEMM), as counts: instructions,
     branches, register moves, and the MUFU.EX2 issued before the loop's first wait for all
     WGMMA groups (``WARPGROUP.DEPBAR.LE gsb0, 0x0``). The last number says how much of the
     softmax ptxas left under the GEMM still in flight: the source waits after the softmax,
@@ -189,8 +191,10 @@ def hot_loop(code: str) -> dict | None:
     for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*?)\s*;", code):
         index[int(m.group(1), 16)] = len(instrs)
         instrs.append(m.group(2).strip())
+    exits = [i for i, ins in enumerate(instrs) if re.sub(r"^@!?U?P[T0-9]+\s+", "", ins).split()[:1] == ["EXIT"]]
+    last_exit = exits[-1] if exits else len(instrs)
     loops = []
-    for i, ins in enumerate(instrs):
+    for i, ins in enumerate(instrs[:last_exit]):
         m = re.search(r"\bBRA\s+(?:`\()?(0x[0-9a-f]+)", ins)
         if m and index.get(int(m.group(1), 16), i + 1) <= i:
             lo = index[int(m.group(1), 16)]

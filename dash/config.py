@@ -213,6 +213,17 @@ class FwdTileConfig:
     # (the exact max, rescale skipped only where no row of the warp grew): no gain. Other bits
     # than None's (another max is subtracted).
     rescale_max_growth_log2: float | None = None
+    # Lazy block max (needs rescale_max_growth_log2). A number: a middle block takes its
+    # exponentials straight away under the max subtracted so far, without its row max first
+    # (one FMNMX per score, quad shuffles, the rescale factors: ~110 of an unmasked hdim-64
+    # block's ~450 issued instructions per warp, and the place ptxas kept the P V wait). P >= 0,
+    # so a thread whose partial row sums of the block stay within 2**this computed no P above
+    # it. Where one does not (a score ~this many exp2 units above the max, or +inf), or where a
+    # row of the warpgroup meets its first visible key, the warpgroup (a bar.red.or vote, so the
+    # choice is uniform as a WGMMA needs) computes S again and raises the max by the rule of
+    # rescale_max_growth_log2, and also where a row's sum passed the bound. Other bits than
+    # None's (another max is subtracted), the same bits on every run and grid.
+    lazy_max_sum_log2: int | None = None
     # The persistent tile order (FwdTileOrder) walks the (batch, head) pairs in L2 sections: the
     # most heads (a power of two) whose K and V take at most this many MiB, Q tiles longest first
     # inside a section. Smaller sections keep the K/V the grid reads at once resident in L2 beside
@@ -251,6 +262,12 @@ class FwdTileConfig:
         if self.rescale_max_growth_log2 is not None and not 0.0 <= self.rescale_max_growth_log2 <= 12.0:
             # P reaches 2**growth: 12 keeps it 16x below fp16's largest finite value (65504).
             raise ValueError(f"rescale_max_growth_log2={self.rescale_max_growth_log2} is not supported (0 to 12)")
+        if self.lazy_max_sum_log2 is not None:
+            if not isinstance(self.lazy_max_sum_log2, int) or not 0 <= self.lazy_max_sum_log2 <= 12:
+                # P reaches 2**this: 12 keeps it 16x below fp16's largest finite value (65504).
+                raise ValueError(f"lazy_max_sum_log2={self.lazy_max_sum_log2!r} is not supported (an int, 0 to 12)")
+            if self.rescale_max_growth_log2 is None:
+                raise ValueError("lazy_max_sum_log2 raises the max by the rule of rescale_max_growth_log2: set both")
         if not 1 <= self.l2_section_mib <= 1024:
             raise ValueError(f"l2_section_mib={self.l2_section_mib} is not supported (1 to 1024 MiB)")
         if self.kv_multicast and self.causal:
@@ -279,12 +296,14 @@ class FwdTileConfig:
 
 #: The forward table. Keyed by (head_dim, causal).
 FWD_TILE_CONFIGS: tuple[FwdTileConfig, ...] = (
-    FwdTileConfig(64, False, 192, 128, 3, 2, 160, True, overlap_tile_end=True, q_stages=2, note="3 MMA warpgroups of 64 rows; ~112 KB smem"),
-    FwdTileConfig(64, True, 192, 128, 3, 2, 160, True, overlap_tile_end=True, l2_section_mib=32, note="3 MMA warpgroups of 64 rows; ~88 KB smem"),
+    FwdTileConfig(64, False, 192, 128, 3, 2, 160, True, overlap_tile_end=True, q_stages=2,
+                  rescale_max_growth_log2=8.0, lazy_max_sum_log2=12, note="3 MMA warpgroups of 64 rows; ~112 KB smem"),
+    FwdTileConfig(64, True, 192, 128, 3, 2, 160, True, overlap_tile_end=True, l2_section_mib=32,
+                  rescale_max_growth_log2=8.0, lazy_max_sum_log2=12, note="3 MMA warpgroups of 64 rows; ~88 KB smem"),
     FwdTileConfig(128, False, 128, 128, 2, 2, 240, True, v_wait_in_turn=True, rescale_max_growth_log2=8.0,
-                  tma_store_out=True, row_limit_mask=True, note="~192 KB smem (32 KB output slabs)"),
+                  lazy_max_sum_log2=12, tma_store_out=True, row_limit_mask=True, note="~192 KB smem (32 KB output slabs)"),
     FwdTileConfig(128, True, 128, 128, 2, 2, 240, True, v_wait_in_turn=True, rescale_max_growth_log2=8.0,
-                  tma_store_out=True, row_limit_mask=True, note="~192 KB smem (32 KB output slabs)"),
+                  lazy_max_sum_log2=12, tma_store_out=True, row_limit_mask=True, note="~192 KB smem (32 KB output slabs)"),
 )
 
 
@@ -389,6 +408,8 @@ def render_cpp_header() -> str:
             f"  static constexpr bool kKVMulticast = {'true' if cfg.kv_multicast else 'false'};",
             f"  static constexpr bool kConditionalRescale = {'false' if cfg.rescale_max_growth_log2 is None else 'true'};",
             f"  static constexpr float kRescaleMaxGrowthLog2 = {float(cfg.rescale_max_growth_log2 or 0.0)!r}f;",
+            f"  static constexpr bool kLazyMax = {'false' if cfg.lazy_max_sum_log2 is None else 'true'};",
+            f"  static constexpr float kLazyMaxSumBound = {float(2 ** (cfg.lazy_max_sum_log2 or 0))!r}f;",
             f"  static constexpr long long kL2SectionBytes = {cfg.l2_section_bytes};",
             f"  static constexpr bool kTmaStoreOut = {'true' if cfg.tma_store_out else 'false'};",
             f"  static constexpr bool kRowLimitMask = {'true' if cfg.row_limit_mask else 'false'};",

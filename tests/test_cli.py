@@ -540,6 +540,11 @@ def test_forward_tile_config_invariants_are_enforced():
     for growth in (-1.0, 12.5, float("nan")):
         with pytest.raises(ValueError, match="rescale_max_growth_log2=.* is not supported \\(0 to 12\\)"):
             C.FwdTileConfig(128, True, 128, 128, 2, 2, 240, True, rescale_max_growth_log2=growth)
+    for bound in (-1, 13, 8.0):
+        with pytest.raises(ValueError, match="lazy_max_sum_log2=.* is not supported \\(an int, 0 to 12\\)"):
+            C.FwdTileConfig(128, True, 128, 128, 2, 2, 240, True, rescale_max_growth_log2=8.0, lazy_max_sum_log2=bound)
+    with pytest.raises(ValueError, match="set both"):
+        C.FwdTileConfig(128, True, 128, 128, 2, 2, 240, True, lazy_max_sum_log2=12)
     for mib in (0, -12, 1025):
         with pytest.raises(ValueError, match=f"l2_section_mib={mib} is not supported \\(1 to 1024 MiB\\)"):
             C.FwdTileConfig(128, True, 128, 128, 2, 2, 240, True, l2_section_mib=mib)
@@ -628,6 +633,8 @@ def test_render_cpp_header_has_every_forward_config():
             "kKVMulticast": _cpp(cfg.kv_multicast),
             "kConditionalRescale": _cpp(cfg.rescale_max_growth_log2 is not None),
             "kRescaleMaxGrowthLog2": f"{float(cfg.rescale_max_growth_log2 or 0.0)!r}f",
+            "kLazyMax": _cpp(cfg.lazy_max_sum_log2 is not None),
+            "kLazyMaxSumBound": f"{float(2 ** (cfg.lazy_max_sum_log2 or 0))!r}f",
             "kL2SectionBytes": _cpp(cfg.l2_section_mib * 1024 * 1024),
             "kTmaStoreOut": _cpp(cfg.tma_store_out),
             "kRowLimitMask": _cpp(cfg.row_limit_mask),

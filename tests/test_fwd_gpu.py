@@ -123,6 +123,59 @@ def test_forward_rows_whose_max_keeps_rising(dtype, causal, head_dim):
     assert torch.equal(again, out) and torch.equal(again_lse, lse), f"{label}: bits differ between runs"
 
 
+# Seqlen pairs where rows meet their first visible key after the first KV block a causal Q tile
+# visits (seqlen_q < seqlen_k by 63 and by 127: at hdim 64 / 128 a Q tile's first row then sees
+# keys up to exactly a block's end, an unmasked block), where some never do (seqlen_q > seqlen_k),
+# and the square case.
+FAR_SCORE_SEQLENS = [(1000, 1000), (1000, 1063), (1000, 1127), (1063, 1000)]
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("pattern", ["offsets", "jump", "sink"])
+def test_forward_scores_far_from_the_max_subtracted_so_far(pattern, dtype, causal, head_dim):
+    """Scores far from the max the kernel subtracts before it has seen them (scale 1):
+      * offsets: each row's scores sit at -60, -20, 0, 40 or 90 natural units (+ noise). A row
+        that meets its first visible key late in the walk (causal, FAR_SCORE_SEQLENS) has no max
+        yet; subtracting 0 there gives P = 0 in fp16 at -60 and +inf at +90;
+      * jump: keys 0-3, in the last KV block visited, score 100 units above the rest in half of
+        the rows: P under the max so far is +inf, so the lazy block max
+        (FwdTileConfig.lazy_max_sum_log2) must take its slow path and compute S again;
+      * sink: keys 0-3 score 12 units above the rest in every row (the typical slow path).
+    Each must meet the reference as random scores do, with the same bits on every run."""
+    for seqlens in FAR_SCORE_SEQLENS:
+        seqlen_q, seqlen_k = seqlens
+        seed = _seed("far-scores", pattern, seqlens, causal, head_dim, str(dtype))
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        q, k, v = _inputs(1, seqlen_q, seqlen_k, 2, 2, head_dim, dtype, seed)
+        q, k = q.float() * 0.15, k.float() * 0.15  # noise of ~0.2-0.3 units per score
+        c = 4.0
+        k[..., 0] = c
+        k[..., 1] = 0.0
+        if pattern == "offsets":
+            offsets = torch.tensor([-60.0, -20.0, 0.0, 40.0, 90.0], device="cuda")
+            # Row i at offsets[i % 5]: every Q tile's first row (the one that can meet its first
+            # key in an unmasked block) gets -60, -20 or another, across tiles and seqlen pairs.
+            q[..., 0] = offsets[torch.arange(seqlen_q, device="cuda") % 5][None, :, None] / c
+        else:
+            q[..., 0] = 0.0
+            k[:, :4, :, 1] = 100.0 if pattern == "jump" else 12.0
+            q[..., 1] = (torch.rand(q.shape[:-1], device="cuda", generator=gen) < 0.5).float() if pattern == "jump" else 1.0
+        q, k = q.to(dtype), k.to(dtype)
+        out, lse = _fwd_op(q, k, v, causal, scale=1.0)
+        hi_out, hi_lse = reference.attention_forward(q, k, v, 1.0, causal=causal, compute_dtype=torch.float64)
+        lo_out, lo_lse = reference.attention_forward(q, k, v, 1.0, causal=causal, compute_dtype=q.dtype)
+        label = f"{pattern} {seqlens} causal={causal} d={head_dim} {dtype} {_tag(seed)}"
+        assert torch.isfinite(out).all(), f"{label}: non-finite out"
+        empty_rows = torch.isinf(hi_lse)
+        assert torch.equal(torch.isneginf(lse), empty_rows), f"{label}: -inf LSE rows differ from the reference"
+        reference.assert_within_bound(out, hi_out, lo_out, f"{label} out")
+        reference.assert_within_bound(lse, hi_lse, lo_lse, f"{label} lse")
+        again, again_lse = _fwd_op(q, k, v, causal, scale=1.0)
+        assert torch.equal(again, out) and torch.equal(again_lse, lse), f"{label}: bits differ between runs"
+
+
 def test_forward_softmax_scale_and_strided_inputs():
     """A packed qkv gives q, k, v with a heads stride of 3 heads: the TMA descriptors take
     the strides as given (no copy); a non-default softmax_scale is honoured."""

@@ -9,7 +9,11 @@
 //                         from registers). Where the table says so (hdim 128) the softmax
 //                         raises the max it subtracts only when it grows by more than 2^8,
 //                         and a warp rescales its O rows only on blocks where one of its
-//                         rows raised it (online_softmax, kConditionalRescale).
+//                         rows raised it (online_softmax, kConditionalRescale). With a
+//                         lazy block max (kLazyMax) a middle block's exponentials are taken
+//                         under the max so far, without the block's row max; the warpgroup
+//                         computes S again and raises the max only when a row's partial sum
+//                         passes a bound or meets its first key (lazy_softmax, lazy_raise_max).
 //
 // Two overlaps keep the tensor cores busy while softmax runs on the FMA/MUFU units:
 //   * inside a warpgroup, S of block j+1 is issued together with O += P_j V_j, and the
@@ -403,6 +407,65 @@ struct FwdMainKernel {
     return raised;
   }
 
+  // Lazy block max (kLazyMax, FwdTileConfig.lazy_max_sum_log2), the common path of a middle
+  // block: S -> P = exp2(S * scale_log2 - max_scaled) under the max subtracted so far, without
+  // the block's row max; `block_sum` gets this thread's partial row sums. Returns, the same for
+  // the whole warpgroup (bar.red.or on `vote_barrier`), whether it must take the slow path
+  // (lazy_raise_max): a thread's partial sum passed kLazyMaxSumBound, or `first_keys` (a row of
+  // the warpgroup meets its first visible key in this block). P >= 0, so a partial sum within the
+  // bound means no P of the thread above it; a score more than 128 exp2 units above the max gives
+  // +inf, which passes it too (as does NaN). A row that has seen no key has max -inf and
+  // subtracts 0: harmless while its scores are all masked (P = 0), wrong (under- or overflow) on
+  // its first visible keys, hence `first_keys`.
+  template <class Frag>
+  static __device__ __forceinline__ bool lazy_softmax(Frag& s, float const (&max_scaled)[2], float (&block_sum)[2],
+                                                      float scale_log2, bool first_keys, uint32_t vote_barrier) {
+    block_sum[0] = block_sum[1] = 0.f;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size(s); ++i) {
+      s(i) = detail::exp2_approx(fmaf(s(i), scale_log2, -max_scaled[row_half(i)]));
+      block_sum[row_half(i)] += s(i);
+    }
+    bool const within = block_sum[0] <= Traits::kLazyMaxSumBound && block_sum[1] <= Traits::kLazyMaxSumBound;
+    return ptx::named_sync_or(vote_barrier, 128, !within || first_keys);
+  }
+
+  // The lazy block max's slow path: `s` holds S of the block again (masked). A row raises its max
+  // to the block's row max where that grew by more than 2^kRescaleMaxGrowthLog2 (the conditional
+  // rule; a row meeting its first key grows by +inf), or where the common path's sum (`lazy_sum`)
+  // passed the bound with the block's max above the row's (else a row whose scores all rose a
+  // little would come here on every block); then P under the new max, as online_softmax does.
+  // Returns whether one of this thread's rows raised its max.
+  template <class Frag>
+  static __device__ __forceinline__ bool lazy_raise_max(Frag& s, float (&row_max)[2], float (&max_scaled)[2],
+                                                        float const (&lazy_sum)[2], float (&block_sum)[2],
+                                                        float (&rescale)[2], float scale_log2) {
+    float block_max[2] = {-INFINITY, -INFINITY};
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size(s); ++i) { block_max[row_half(i)] = fmaxf(block_max[row_half(i)], s(i)); }
+    bool raised = false;
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < 2; ++r) {
+      float const block_row_max = quad_max(block_max[r]);
+      // The quad's four partial sums of the row: over the bound where one is (NaN included).
+      bool const over = quad_max(lazy_sum[r] <= Traits::kLazyMaxSumBound ? 0.f : 1.f) > 0.f;
+      // NaN (false) when both maxima are -inf: the row still sees no key.
+      float const growth = (block_row_max - row_max[r]) * scale_log2;
+      bool const raise = growth > Traits::kRescaleMaxGrowthLog2 || (over && block_row_max > row_max[r]);
+      rescale[r] = raise ? detail::exp2_approx((row_max[r] - block_row_max) * scale_log2) : 1.f;
+      row_max[r] = raise ? block_row_max : row_max[r];
+      max_scaled[r] = row_max[r] == -INFINITY ? 0.f : row_max[r] * scale_log2;
+      raised |= raise;
+    }
+    block_sum[0] = block_sum[1] = 0.f;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size(s); ++i) {
+      s(i) = detail::exp2_approx(fmaf(s(i), scale_log2, -max_scaled[row_half(i)]));
+      block_sum[row_half(i)] += s(i);
+    }
+    return raised;
+  }
+
   // Masks S of block n of Q tile m: keys past seqlen_k, and (causal) keys after the query's
   // diagonal (bottom-right aligned). `geo`: geometry_of the tile.
   template <class Geo, class Frag, class Coords>
@@ -470,6 +533,7 @@ struct FwdMainKernel {
     Tensor tOsO = smem_thr_copy_o.partition_D(make_tensor(make_smem_ptr(ss.smem_o), typename Traits::SmemLayoutO{}));
     Tensor sO_slab = make_tensor(make_smem_ptr(ss.smem_o + wg * Traits::kSlabElemsO), typename Traits::SmemLayoutOSlab{});
     uint32_t const slab_barrier = uint32_t(FwdBarrier::kOutSlab0) + uint32_t(wg);
+    uint32_t const vote_barrier = uint32_t(FwdBarrier::kLazyMaxVote0) + uint32_t(wg);  // kLazyMax
     bool const slab_leader = mma_tidx % 128 == 0;  // issues and waits for its warpgroup's TMA stores
 
     float const scale_log2 = p.softmax_scale_log2;
@@ -504,6 +568,17 @@ struct FwdMainKernel {
       // KV blocks [0, n_end) hold a visible key; 0 when no row does (causal, seqlen_q >
       // seqlen_k, or a varlen sequence without keys): the tile's O is then 0 and its LSE -inf.
       int const n_end = geo.n_end(m);
+      // Lazy block max, causal: the first KV block in which a row of this warpgroup meets a
+      // visible key (its first row's: visible ends grow with the row; -1 if it sees none).
+      // Unmasked blocks hold every row's keys, so a row meets its first key in one only if
+      // that is the warpgroup's first row and the block ends where its keys end (blocks are
+      // walked downwards): that block takes the slow path (first_keys), the masked blocks
+      // their own exact step.
+      int first_key_block = 0;
+      if constexpr (Traits::kLazyMax && Is_causal) {
+        int const visible_end = min(geo.seqlen_k, m * kBlockM + wg * 64 + geo.seqlen_k - geo.seqlen_q + 1);
+        first_key_block = visible_end > 0 ? (visible_end - 1) / kBlockN : -1;
+      }
 
       Tensor tOrO = partition_fragment_C(tiled_mma_pv, Shape<Int<kBlockM>, Int<kHeadDim>>{});
       clear(tOrO);
@@ -563,14 +638,55 @@ struct FwdMainKernel {
           detail::wgmma_gemm<false, true>(tiled_mma_pv, tOrP_A, tOrVt(_, _, _, kv_prev.index), tOrO);
           pass_turn(wg);
           warpgroup_wait<1>();  // S_n done
-          release_kv(&ss.bar_k_empty[kv.index], peer, lane0);
-          if (n == 0) { ptx::mbar_arrive(&ss.bar_q_empty[qs.index]); }
-          if constexpr (std::is_same_v<decltype(masked), bool>) {
-            if (masked) { apply_mask(geo, tSrS, tScS, m, n); }
+          // K_n and (last block) Q are read again on the lazy max's slow path: released after it.
+          auto release_k_and_q = [&] {
+            release_kv(&ss.bar_k_empty[kv.index], peer, lane0);
+            if (n == 0) { ptx::mbar_arrive(&ss.bar_q_empty[qs.index]); }
+          };
+          bool raised;
+          // The lazy max's common path, and its slow path where the warpgroup votes for it.
+          auto lazy_step = [&] {
+            float lazy_sum[2];
+            bool const first_keys = Is_causal && n >= first_key_block;
+            bool const slow = lazy_softmax(tSrS, max_scaled, lazy_sum, scale_log2, first_keys, vote_barrier);
+            if (slow) {  // warpgroup-uniform (the vote): S_n again, out of turn, beside the pending P V
+              detail::wgmma_gemm<true, false>(tiled_mma_qk, tSrQ_tile, tSrK(_, _, _, kv.index), tSrS);
+              warpgroup_wait<0>();
+              float block_sum[2];
+              raised = lazy_raise_max(tSrS, row_max, max_scaled, lazy_sum, block_sum, rescale, scale_log2);
+              CUTLASS_PRAGMA_UNROLL
+              for (int r = 0; r < 2; ++r) { row_sum[r] = row_sum[r] * rescale[r] + block_sum[r]; }
+            } else {
+              raised = false;
+              CUTLASS_PRAGMA_UNROLL
+              for (int r = 0; r < 2; ++r) { row_sum[r] += lazy_sum[r]; }
+            }
+            release_k_and_q();
+          };
+          // Masked blocks (the causal diagonal, the key tail) keep the conditional rule's row max:
+          // the rows meeting their first keys are there, and so the lazy slow path never masks.
+          auto exact_step = [&] {
+            release_k_and_q();
+            if constexpr (std::is_same_v<decltype(masked), bool>) {
+              if (masked) { apply_mask(geo, tSrS, tScS, m, n); }
+            } else if constexpr (decltype(masked)::value) {
+              apply_mask(geo, tSrS, tScS, m, n);
+            }
+            raised = online_softmax<false>(tSrS, row_max, max_scaled, row_sum, rescale, scale_log2);
+          };
+          if constexpr (!Traits::kLazyMax) {
+            exact_step();
+          } else if constexpr (std::is_same_v<decltype(masked), bool>) {
+            if (masked) {
+              exact_step();
+            } else {
+              lazy_step();
+            }
           } else if constexpr (decltype(masked)::value) {
-            apply_mask(geo, tSrS, tScS, m, n);
+            exact_step();
+          } else {
+            lazy_step();
           }
-          bool const raised = online_softmax<false>(tSrS, row_max, max_scaled, row_sum, rescale, scale_log2);
           warpgroup_wait<0>();  // O += P V done: P's registers and V_{n+1} are free
           release_kv(&ss.bar_v_empty[kv_prev.index], peer, lane0);
           auto rescale_o = [&] {

@@ -70,6 +70,10 @@ struct FwdTraits {
   static constexpr bool kWaitVInTurn = Config::kWaitVInTurn;
   static constexpr bool kConditionalRescale = Config::kConditionalRescale;
   static constexpr float kRescaleMaxGrowthLog2 = Config::kRescaleMaxGrowthLog2;
+  // Lazy block max (FwdTileConfig.lazy_max_sum_log2): raised by the conditional rule's growth.
+  static constexpr bool kLazyMax = Config::kLazyMax;
+  static constexpr float kLazyMaxSumBound = Config::kLazyMaxSumBound;
+  static_assert(!kLazyMax || kConditionalRescale, "the lazy block max raises by the conditional rescale's rule");
   static constexpr long long kL2SectionBytes = Config::kL2SectionBytes;
   static constexpr int kClusterM = kClusterM_;
   static_assert(kClusterM == 1 || (kClusterM == 2 && !Is_causal),
@@ -84,7 +88,7 @@ struct FwdTraits {
   static constexpr int kProducerRegisters = 24;
   static constexpr int kMmaRegisters = Config::kMmaRegisters;
   static_assert(kBlockM == 64 * NumMmaWarpGroups, "each MMA warpgroup owns 64 rows of the Q tile");
-  static_assert(NumMmaWarpGroups <= 4, "named barriers kTurn0 + w and kOutSlab0 + w (FwdBarrier)");
+  static_assert(NumMmaWarpGroups <= 4, "named barriers kTurn0 + w, kOutSlab0 + w and kLazyMaxVote0 + w (FwdBarrier)");
 
   // ---- WGMMA tilings -------------------------------------------------------------------
   // S = Q K^T: Q and K from smem. O += P V: P from registers (the S accumulator converted
@@ -184,6 +188,8 @@ struct FwdTraits {
 // Named barriers of the forward (id 0 is __syncthreads): kTurn0 + w is MMA warpgroup w's
 // turn to issue its GEMMs (ping-pong); kOutSlab0 + w gathers warpgroup w's 128 threads around
 // the staging of its output slab (kTmaStoreOut).
-enum class FwdBarrier : uint32_t { kTurn0 = 1, kOutSlab0 = 5 };
+// Named barriers of the MMA warpgroups, four ids per kind (one per warpgroup); id 0 is
+// __syncthreads and the hardware has 16.
+enum class FwdBarrier : uint32_t { kTurn0 = 1, kOutSlab0 = 5, kLazyMaxVote0 = 9 };
 
 }  // namespace dash

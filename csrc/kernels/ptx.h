@@ -101,6 +101,25 @@ __device__ __forceinline__ void named_arrive(uint32_t id, uint32_t num_threads) 
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(num_threads) : "memory");
 }
 
+// bar.sync that also ORs a predicate over the `num_threads` threads it waits for and returns
+// the result to each of them (bar.red.or.pred): a decision every thread of a warpgroup takes the
+// same way, as the WGMMA it may lead to needs. Like bar.sync, .aligned: every thread of each
+// participating warp executes it, converged.
+__device__ __forceinline__ bool named_sync_or(uint32_t id, uint32_t num_threads, bool pred) {
+  uint32_t any;
+  asm volatile(
+      "{\n"
+      ".reg .pred p, q;\n"
+      "setp.ne.b32 p, %1, 0;\n"
+      "bar.red.or.pred q, %2, %3, p;\n"
+      "selp.u32 %0, 1, 0, q;\n"
+      "}\n"
+      : "=r"(any)
+      : "r"(uint32_t(pred)), "r"(id), "r"(num_threads)
+      : "memory");
+  return any != 0;
+}
+
 // Orders this thread's generic-proxy shared-memory writes before later async-proxy
 // (TMA, WGMMA, bulk copy) reads of the same shared memory. Needed before a barrier that
 // hands smem written with st.shared to wgmma or cp.reduce.async.bulk.

@@ -69,6 +69,23 @@ def test_hot_loop_is_not_fooled_by_a_retry_stub_branching_back(ck):
     assert r["instructions"] == len(inner) + 1 and r["hgmma"] == 16 and r["ex2_before_wait"] == 64
 
 
+def test_hot_loop_prefers_the_later_sibling_loop_with_more_wgmma(ck):
+    """The hdim-128 forward has two block loops: the masked blocks' (exact softmax, 16 HGMMA,
+    fewer instructions) and then the unmasked blocks', which with the lazy block max also holds
+    its slow path's S GEMM (24 HGMMA). The latter is the hot one; on a tie, the later one."""
+    masked = loop_body(ex2_before_wait=30, ex2_after=36, moves=0) + ["FMNMX R7, R7, R8, !PT"] * 64
+    lazy = loop_body(ex2_before_wait=64, ex2_after=0, moves=0, hgmma=24) + ["FMNMX R7, R7, R8, !PT"] * 200
+    lines = masked + ["@P0 BRA 0x0"]
+    start = len(lines)
+    lines += lazy + [f"@P0 BRA 0x{16 * start:x}", "EXIT"]
+    r = ck.hot_loop(sass(lines))
+    assert r["instructions"] == len(lazy) + 1 and r["hgmma"] == 24 and r["ex2_before_wait"] == 64
+    tie = loop_body(ex2_before_wait=7, ex2_after=0, moves=0)
+    lines = masked + ["@P0 BRA 0x0"] + tie + [f"@P0 BRA 0x{16 * start:x}", "EXIT"]
+    r = ck.hot_loop(sass(lines))
+    assert r["instructions"] == len(tie) + 1 and r["ex2_before_wait"] == 7
+
+
 def test_hot_loop_ignores_loops_without_wgmma_and_forward_branches(ck):
     lines = ["MOV R1, 0x0", "IADD3 R1, R1, 0x1, RZ", "@P0 BRA 0x10",  # a loop with no HGMMA
              "@P1 BRA 0x50", "EXIT", "EXIT"]  # a forward branch

@@ -179,8 +179,10 @@ def sass_by_function(cuobjdump: str, obj: Path) -> dict[str, str]:
 
 
 def hot_loop(code: str) -> dict | None:
-    """The innermost loop holding the kernel's per-block WGMMA work (the smallest loop, by
-    instructions, with at least 8 HGMMA; back edges after the kernel's last EXIT are not loops but
+    """The innermost loop holding the kernel's per-block WGMMA work (of the loops with at least 8
+    HGMMA that hold no other such loop, the one with the most HGMMA, the later one on a tie: the
+    forward's unmasked loop follows its masked one, and with the lazy block max it also holds the
+    slow path's S GEMM; back edges after the kernel's last EXIT are not loops but
     the retry stubs of barrier waits, which jump back to their wait and so would close a "loop"
     around whatever lies between, e.g. a tile end's last P·V GEMM), as counts: instructions,
     branches, register moves, and the MUFU.EX2 issued before the loop's first wait for all
@@ -202,7 +204,8 @@ def hot_loop(code: str) -> dict | None:
     loops = [lp for lp in loops if lp[0] >= 8]
     if not loops:
         return None
-    most, lo, hi = min(loops, key=lambda lp: lp[2] - lp[1])
+    innermost = [lp for lp in loops if not any(o is not lp and lp[1] <= o[1] and o[2] <= lp[2] for o in loops)]
+    most, lo, hi = max(innermost, key=lambda lp: (lp[0], lp[1]))
     body = [re.sub(r"^@!?U?P[T0-9]+\s+", "", x) for x in instrs[lo:hi + 1]]
     ops = [x.split()[0] for x in body]
     waits = [j for j, x in enumerate(body) if x.startswith("WARPGROUP.DEPBAR.LE") and x.endswith("0x0")]

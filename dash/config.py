@@ -221,8 +221,15 @@ class FwdTileConfig:
     # it. Where one does not (a score ~this many exp2 units above the max, or +inf), or where a
     # row of the warpgroup meets its first visible key, the warpgroup (a bar.red.or vote, so the
     # choice is uniform as a WGMMA needs) computes S again and raises the max by the rule of
-    # rescale_max_growth_log2, and also where a row's sum passed the bound. Other bits than
-    # None's (another max is subtracted), the same bits on every run and grid.
+    # rescale_max_growth_log2, and also where a row's sum passed the bound. Masked blocks keep
+    # the conditional rule. Other bits than None's (another max is subtracted), the same bits on
+    # every run and grid; None compiles to the same SASS as before the option existed.
+    # Off in the table: measured with 12 on every row (and growth 8 at hdim 64) against the
+    # shipped kernels on an H100, two rounds (docs/kernel-notes.md, twenty-ninth pass): random
+    # scores 0.969-1.009 (geometric mean 0.999; the low one hdim 64 causal 2k) although the unmasked
+    # hdim-64 block issues ~25 % fewer instructions and all 64 exponentials precede the P V
+    # wait; an attention sink 0.914-0.995 (mean 0.958); scores that outgrow every block (the
+    # slow path every time) 0.53-0.65.
     lazy_max_sum_log2: int | None = None
     # The persistent tile order (FwdTileOrder) walks the (batch, head) pairs in L2 sections: the
     # most heads (a power of two) whose K and V take at most this many MiB, Q tiles longest first
@@ -297,13 +304,13 @@ class FwdTileConfig:
 #: The forward table. Keyed by (head_dim, causal).
 FWD_TILE_CONFIGS: tuple[FwdTileConfig, ...] = (
     FwdTileConfig(64, False, 192, 128, 3, 2, 160, True, overlap_tile_end=True, q_stages=2,
-                  rescale_max_growth_log2=8.0, lazy_max_sum_log2=12, note="3 MMA warpgroups of 64 rows; ~112 KB smem"),
+                  note="3 MMA warpgroups of 64 rows; ~112 KB smem"),
     FwdTileConfig(64, True, 192, 128, 3, 2, 160, True, overlap_tile_end=True, l2_section_mib=32,
-                  rescale_max_growth_log2=8.0, lazy_max_sum_log2=12, note="3 MMA warpgroups of 64 rows; ~88 KB smem"),
+                  note="3 MMA warpgroups of 64 rows; ~88 KB smem"),
     FwdTileConfig(128, False, 128, 128, 2, 2, 240, True, v_wait_in_turn=True, rescale_max_growth_log2=8.0,
-                  lazy_max_sum_log2=12, tma_store_out=True, row_limit_mask=True, note="~192 KB smem (32 KB output slabs)"),
+                  tma_store_out=True, row_limit_mask=True, note="~192 KB smem (32 KB output slabs)"),
     FwdTileConfig(128, True, 128, 128, 2, 2, 240, True, v_wait_in_turn=True, rescale_max_growth_log2=8.0,
-                  lazy_max_sum_log2=12, tma_store_out=True, row_limit_mask=True, note="~192 KB smem (32 KB output slabs)"),
+                  tma_store_out=True, row_limit_mask=True, note="~192 KB smem (32 KB output slabs)"),
 )
 
 

@@ -226,9 +226,9 @@ class FwdTileConfig:
     # every run and grid; None compiles to the same SASS as before the option existed.
     # Off in the table: measured with 12 on every row (and growth 8 at hdim 64) against the
     # shipped kernels on an H100, two rounds (docs/kernel-notes.md, twenty-ninth pass): random
-    # scores 0.969-1.009 (geometric mean 0.999; the low one hdim 64 causal 2k) although the unmasked
-    # hdim-64 block issues ~25 % fewer instructions and all 64 exponentials precede the P V
-    # wait; an attention sink 0.914-0.995 (mean 0.958); scores that outgrow every block (the
+    # scores 0.969-1.009 (geometric mean 0.999; the low one hdim 64 causal 2k) although the hdim-64
+    # forward executes 25 % fewer instructions (ncu) and all 64 exponentials precede the P V
+    # wait (its MUFU and tensor pipes, ~61 % busy each, are the limit, not issue); an attention sink 0.914-0.995 (mean 0.958); scores that outgrow every block (the
     # slow path every time) 0.53-0.65.
     lazy_max_sum_log2: int | None = None
     # The persistent tile order (FwdTileOrder) walks the (batch, head) pairs in L2 sections: the

@@ -41,8 +41,6 @@
 // measured slower, kernel notes, seventeenth pass).
 #pragma once
 
-#include <type_traits>
-
 #include <cute/tensor.hpp>
 
 #include "kernels/acc_store.h"
@@ -353,6 +351,27 @@ struct FwdMainKernel {
     return x + __shfl_xor_sync(0xffffffff, x, 2);
   }
 
+  // This thread's max of each of its two rows in the block (quad_max gives the row's).
+  template <class Frag>
+  static __device__ __forceinline__ void thread_row_max(Frag const& s, float (&block_max)[2]) {
+    block_max[0] = block_max[1] = -INFINITY;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size(s); ++i) { block_max[row_half(i)] = fmaxf(block_max[row_half(i)], s(i)); }
+  }
+
+  // S -> P = exp2(S * scale_log2 - max_scaled) in place; `block_sum` gets this thread's partial
+  // sums of its two rows (quads are summed once, at the tile's end).
+  template <class Frag>
+  static __device__ __forceinline__ void exp2_rows(Frag& s, float const (&max_scaled)[2], float scale_log2,
+                                                   float (&block_sum)[2]) {
+    block_sum[0] = block_sum[1] = 0.f;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size(s); ++i) {
+      s(i) = detail::exp2_approx(fmaf(s(i), scale_log2, -max_scaled[row_half(i)]));
+      block_sum[row_half(i)] += s(i);
+    }
+  }
+
   // Online softmax of one block, in place: S -> P = exp2(S * scale_log2 - max_scaled), where
   // `row_max` is the max subtracted from the row (`max_scaled` = row_max * scale_log2); `rescale`
   // gets the factor by which the O rows and sums accumulated so far must be multiplied. Returns
@@ -368,9 +387,8 @@ struct FwdMainKernel {
   template <bool First, class Frag>
   static __device__ __forceinline__ bool online_softmax(Frag& s, float (&row_max)[2], float (&max_scaled)[2],
                                                         float (&row_sum)[2], float (&rescale)[2], float scale_log2) {
-    float block_max[2] = {-INFINITY, -INFINITY};
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < size(s); ++i) { block_max[row_half(i)] = fmaxf(block_max[row_half(i)], s(i)); }
+    float block_max[2];
+    thread_row_max(s, block_max);
     bool raised = false;
     CUTLASS_PRAGMA_UNROLL
     for (int r = 0; r < 2; ++r) {
@@ -393,12 +411,8 @@ struct FwdMainKernel {
       }
       max_scaled[r] = row_max[r] == -INFINITY ? 0.f : row_max[r] * scale_log2;
     }
-    float block_sum[2] = {0.f, 0.f};
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < size(s); ++i) {
-      s(i) = detail::exp2_approx(fmaf(s(i), scale_log2, -max_scaled[row_half(i)]));
-      block_sum[row_half(i)] += s(i);
-    }
+    float block_sum[2];
+    exp2_rows(s, max_scaled, scale_log2, block_sum);
     CUTLASS_PRAGMA_UNROLL
     for (int r = 0; r < 2; ++r) {
       // Each thread keeps a partial sum of its own columns; quads are summed once at the end.
@@ -420,12 +434,7 @@ struct FwdMainKernel {
   template <class Frag>
   static __device__ __forceinline__ bool lazy_softmax(Frag& s, float const (&max_scaled)[2], float (&block_sum)[2],
                                                       float scale_log2, bool first_keys, uint32_t vote_barrier) {
-    block_sum[0] = block_sum[1] = 0.f;
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < size(s); ++i) {
-      s(i) = detail::exp2_approx(fmaf(s(i), scale_log2, -max_scaled[row_half(i)]));
-      block_sum[row_half(i)] += s(i);
-    }
+    exp2_rows(s, max_scaled, scale_log2, block_sum);
     bool const within = block_sum[0] <= Traits::kLazyMaxSumBound && block_sum[1] <= Traits::kLazyMaxSumBound;
     return ptx::named_sync_or(vote_barrier, 128, !within || first_keys);
   }
@@ -440,9 +449,8 @@ struct FwdMainKernel {
   static __device__ __forceinline__ bool lazy_raise_max(Frag& s, float (&row_max)[2], float (&max_scaled)[2],
                                                         float const (&lazy_sum)[2], float (&block_sum)[2],
                                                         float (&rescale)[2], float scale_log2) {
-    float block_max[2] = {-INFINITY, -INFINITY};
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < size(s); ++i) { block_max[row_half(i)] = fmaxf(block_max[row_half(i)], s(i)); }
+    float block_max[2];
+    thread_row_max(s, block_max);
     bool raised = false;
     CUTLASS_PRAGMA_UNROLL
     for (int r = 0; r < 2; ++r) {
@@ -457,12 +465,7 @@ struct FwdMainKernel {
       max_scaled[r] = row_max[r] == -INFINITY ? 0.f : row_max[r] * scale_log2;
       raised |= raise;
     }
-    block_sum[0] = block_sum[1] = 0.f;
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < size(s); ++i) {
-      s(i) = detail::exp2_approx(fmaf(s(i), scale_log2, -max_scaled[row_half(i)]));
-      block_sum[row_half(i)] += s(i);
-    }
+    exp2_rows(s, max_scaled, scale_log2, block_sum);
     return raised;
   }
 
@@ -667,22 +670,13 @@ struct FwdMainKernel {
           // the rows meeting their first keys are there, and so the lazy slow path never masks.
           auto exact_step = [&] {
             release_k_and_q();
-            if constexpr (std::is_same_v<decltype(masked), bool>) {
-              if (masked) { apply_mask(geo, tSrS, tScS, m, n); }
-            } else if constexpr (decltype(masked)::value) {
-              apply_mask(geo, tSrS, tScS, m, n);
-            }
+            if (masked) { apply_mask(geo, tSrS, tScS, m, n); }
             raised = online_softmax<false>(tSrS, row_max, max_scaled, row_sum, rescale, scale_log2);
           };
+          // `masked` is a bool (hdim 64) or a compile-time cute::true_type / false_type (hdim 128).
           if constexpr (!Traits::kLazyMax) {
             exact_step();
-          } else if constexpr (std::is_same_v<decltype(masked), bool>) {
-            if (masked) {
-              exact_step();
-            } else {
-              lazy_step();
-            }
-          } else if constexpr (decltype(masked)::value) {
+          } else if (masked) {
             exact_step();
           } else {
             lazy_step();

@@ -8,10 +8,10 @@ A row is one packed batch of 16k tokens (hidden 2048) cut into sequences by a fi
   skewed   one sequence of half the tokens, the rest in sequences of 64..512 tokens, the case
            where the padded grids of the longest sequence cost the most (kernel notes,
            twenty-fifth pass).
-Timed (``dash.bench.cuda_time_ms_interleaved``: modes interleaved in rounds, host ahead), with
-grad enabled as in training: the forward, and the forward plus
-``torch.autograd.grad`` (DASH deterministic ``auto``, and non-deterministic); FA3's varlen
-forward and forward+backward when its module imports. A control times DASH's padded
+Timed (``dash.bench.cuda_time_ms_interleaved``: modes interleaved in rounds, host ahead): the
+forward (under ``torch.no_grad``), and the forward plus ``torch.autograd.grad`` (DASH
+deterministic ``auto``, and non-deterministic); FA3's varlen forward and forward+backward
+likewise when its module imports. A control times DASH's padded
 ``flash_attn_func`` once per sequence (batch 1 each): the same FLOPs without varlen's padding.
 FLOPs are FA3's count summed over the sequences (4*h*sq*sk*d forward, halved visible pairs under
 a causal mask as the grid benchmarks count them; backward 2.5x). Prints a table and writes
@@ -100,6 +100,7 @@ def run_row(mix: str, head_dim: int, causal: bool, iters: int, warmup: int, with
                 out = fa3.flash_attn_varlen_func(q, k, v, cu, cu, longest, longest, causal=causal, deterministic=det)
                 return out[0] if isinstance(out, tuple) else out
             return call
+        modes["fa3_varlen"] = (fa3_varlen(True), False)
         modes["fa3_varlen_det"] = (fa3_varlen(True), True)
         modes["fa3_varlen_nondet"] = (fa3_varlen(False), True)
 

@@ -186,3 +186,67 @@ def test_forward_l2_sections_fit_the_budget(probe, seqlen_k, hdim, group):
             if w > 1:
                 assert w * per_head <= budget_mib << 20
             assert 2 * w > num_bh or 2 * w * per_head > budget_mib << 20
+
+
+def _claim_varlen_items(probe, num_m, num_heads, m_blocks, sw, ctas, rng):
+    """The varlen forward producer's walk (next_seq_tile in csrc/kernels/fwd_main_kernel.h) with
+    `ctas` CTAs interleaved at random: CTA c starts at item c, a claim is ctas + atomicAdd(counter,
+    1), a dead item raises the counter to its run's end - ctas (atomicMax) before the next claim.
+    Returns the live items the CTAs kept, in the order they kept them."""
+    num_bh = num_heads * len(m_blocks)
+    order = _fwd_tile_order_model().tile_order(num_bh, num_m, sw)
+    n = len(order)
+    counter, kept = 0, []
+    pos = list(range(ctas))  # each CTA's current item
+    active = [c for c in range(ctas)]
+    while active:
+        c = active[rng.integers(len(active))]
+        t = pos[c]
+        if t >= n:
+            active.remove(c)
+            continue
+        bh, m = order[t]
+        seq_m = m_blocks[bh // num_heads]
+        if m < seq_m:
+            kept.append(t)
+        else:
+            end = probe.dash_fwd_dead_run_end(num_m, num_bh, sw, num_heads, t, seq_m)
+            assert end > t
+            assert all(order[u][1] >= m_blocks[order[u][0] // num_heads] for u in range(t, min(end, n))), \
+                f"item run [{t}, {end}) holds a live item"
+            if end > t + 1:
+                counter = max(counter, end - ctas)
+        pos[c] = ctas + counter
+        counter += 1
+    return kept, order
+
+
+@settings(max_examples=150, deadline=None)
+@given(num_heads=st.integers(1, 8), seq_m=st.lists(st.integers(0, 24), min_size=1, max_size=6),
+       log_sw=st.integers(0, 4), ctas=st.integers(1, 40), seed=st.integers(0, 2**31 - 1))
+def test_forward_varlen_dead_runs_hold_only_dead_items(probe, num_heads, seq_m, log_sw, ctas, seed):
+    """FwdTileOrder::dead_run_end: a run that a dead item starts holds dead items only (a live one
+    skipped would leave its rows of O unwritten), and with CTAs claiming concurrently every live
+    item is kept exactly once; where a section holds one sequence's heads, the run reaches its
+    first live item (the skip the change is for)."""
+    num_m = max(seq_m) if max(seq_m) > 0 else 1  # the grid is sized for the longest sequence
+    num_bh = num_heads * len(seq_m)
+    sw = min(1 << log_sw, 1 << (num_bh.bit_length() - 1))  # a power of two <= num_bh (fwd_section_heads)
+    kept, order = _claim_varlen_items(probe, num_m, num_heads, seq_m, sw, ctas, np.random.default_rng(seed))
+    live = [t for t, (bh, m) in enumerate(order) if m < seq_m[bh // num_heads]]
+    assert sorted(kept) == live
+    for t, (bh, m) in enumerate(order):
+        first_bh = (bh // sw) * sw
+        heads_here = min(sw, num_bh - first_bh)
+        if m < seq_m[bh // num_heads] or first_bh // num_heads != (first_bh + heads_here - 1) // num_heads:
+            continue
+        end = probe.dash_fwd_dead_run_end(num_m, num_bh, sw, num_heads, t, seq_m[bh // num_heads])
+        assert end == _first_live_or_section_end(order, seq_m, num_heads, t, (bh // sw + 1) * sw * num_m)
+
+
+def _first_live_or_section_end(order, seq_m, num_heads, t, section_end):
+    """The first item after t that is live, or the end of t's section (the run's end)."""
+    u = t + 1
+    while u < min(len(order), section_end) and order[u][1] >= seq_m[order[u][0] // num_heads]:
+        u += 1
+    return u

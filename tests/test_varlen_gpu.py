@@ -129,6 +129,48 @@ def test_varlen_every_output_element_written(head_dim, causal, monkeypatch):
     assert not torch.isnan(out).any() and not torch.isnan(lse).any()
 
 
+@pytest.mark.parametrize("ctas", ["all", "seven", "one"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_varlen_forward_skips_dead_runs_and_keeps_every_live_tile(head_dim, causal, ctas, monkeypatch):
+    """A skewed batch whose L2 sections hold one sequence's heads each: the grid, sized for the
+    long sequence, opens every short sequence's section with a run of dead Q tiles, which a CTA
+    skips at once (FwdTileOrder::dead_run_end). Every live tile must still be computed: with the
+    outputs NaN-filled first, the batch must give each sequence's own padded forward, bit for
+    bit (the same tiles and blocks), on the whole grid, seven CTAs and one."""
+    monkeypatch.setenv("DASH_POISON_OUTPUTS", "1")
+    heads = 8
+    cfg = next(c for c in FWD_TILE_CONFIGS if c.head_dim == head_dim and c.causal == causal)
+    gen = random.Random(_seed("varlen-dead-runs-lengths", head_dim, causal))
+    lengths = [gen.choice([0, 1, cfg.block_m, cfg.block_m + 1]) for _ in range(4)]
+    lengths += [gen.randint(2, 3 * cfg.block_m) for _ in range(30)]
+    # Long enough that fwd_section_heads (the largest power of two of heads whose K and V fit
+    # the row's L2 budget) stays at most `heads`: every section then lies inside one sequence.
+    longest = cfg.l2_section_bytes // (2 * heads * 2 * head_dim * 2) + 100
+    lengths.insert(gen.randrange(len(lengths) + 1), longest)
+    per_head, w = 2 * longest * head_dim * 2, 1
+    while 2 * w <= heads * len(lengths) and 2 * w * per_head <= cfg.l2_section_bytes:
+        w *= 2
+    assert heads % w == 0, f"sections of {w} heads span sequences: the test would not reach the skip"
+    seed = _seed("varlen-dead-runs", head_dim, causal)
+    q, k, v, cu, _ = _packed(lengths, lengths, heads, heads, head_dim, torch.bfloat16, seed)
+    sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+    margin = {"all": 0, "seven": sms - 7, "one": sms - 1}[ctas]
+    out, lse = flash_attn_varlen_func(q, k, v, cu, cu, longest, longest, causal=causal, return_attn_probs=True,
+                                      sm_margin=margin)
+    torch.cuda.synchronize()
+    label = f"hdim{head_dim} causal={causal} ctas={ctas} {_tag(seed)}"
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any(), f"a tile was not written: {label}"
+    bounds = cu.tolist()
+    for b, (a, e) in enumerate(zip(bounds[:-1], bounds[1:])):
+        if a == e:
+            continue
+        one, one_lse = flash_attn_func(q[None, a:e], k[None, a:e], v[None, a:e], causal=causal,
+                                       return_attn_probs=True)
+        assert torch.equal(out[a:e], one[0]), f"sequence {b} ({e - a} rows): out bits differ: {label}"
+        assert torch.equal(lse[:, a:e], one_lse[0]), f"sequence {b} ({e - a} rows): lse bits differ: {label}"
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_varlen_sequence_longer_than_max_seqlen_q_is_nan(causal):
     """A max_seqlen_q below a sequence's length leaves rows outside the grid: they come out NaN

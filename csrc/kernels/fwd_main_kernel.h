@@ -128,8 +128,15 @@ struct FwdMainKernel {
       auto const tile = p.order.tile(t);
       s.bh = tile.bh;
       s.m = tile.m;
-      s.seq = load_seq_place(p.cu_seqlens_q, p.cu_seqlens_k, tile.bh / p.num_heads);
+      int const b = tile.bh / p.num_heads;
+      s.seq = load_seq_place(p.cu_seqlens_q, p.cu_seqlens_k, b);
       if (s.m * kBlockM < s.seq.seqlen_q) { return s; }
+      // A dead item: raise the counter past the run of dead items it starts, so that this
+      // claim (the loop's next_item) and every other CTA's land after it. Every item between
+      // the counter and the run's end lies in (t, end), so all are dead: no live item is
+      // skipped. Items t < gridDim.x are the CTAs' first ones, never claimed through the counter.
+      int const end = p.order.dead_run_end(tile, b, p.num_heads, (s.seq.seqlen_q + kBlockM - 1) / kBlockM);
+      if (end > t + 1) { atomicMax(p.tile_counter, end - int(gridDim.x)); }
     }
   }
 

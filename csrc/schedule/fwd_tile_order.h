@@ -38,6 +38,27 @@ struct FwdTileOrder {
     int const m_rank = r / heads_here;
     return {first_bh + (r - m_rank * heads_here), num_m_blocks - 1 - m_rank};
   }
+
+  // Varlen: the end of the run of dead items that `tile` (item t = tile(t)) starts, i.e. the
+  // first item after it that may be live. The tile must be dead: it lies past the end of its
+  // sequence b (= tile.bh / num_heads), which has `seq_m_blocks` Q tiles. The grid is sized for
+  // the longest sequence, so a short sequence's section opens with (num_m_blocks -
+  // seq_m_blocks) * heads dead items (descending m, heads innermost); a CTA that meets one skips
+  // them all at once instead of claiming them one by one. Only where the section holds heads of
+  // sequence b alone: a section spanning several sequences interleaves their items, so the run
+  // there is the tile alone (t + 1). Reads the decoded tile, not t, and needs section_heads to
+  // be a power of two (fwd_section_heads): with t's division and modulo redone here the
+  // producer's 24 registers spilled 12 B.
+  DASH_HOST_DEVICE int dead_run_end(Tile tile, int b, int num_heads, int seq_m_blocks) const {
+    int const first_bh = tile.bh & ~(section_heads - 1);
+    int const heads_here = num_bh - first_bh < section_heads ? num_bh - first_bh : section_heads;
+    int const first_item = first_bh * num_m_blocks;  // the sections before are full
+    int const m_rank = num_m_blocks - 1 - tile.m;
+    int const t = first_item + m_rank * heads_here + (tile.bh - first_bh);
+    bool const one_sequence = first_bh >= b * num_heads && first_bh + heads_here <= (b + 1) * num_heads;
+    int const end = one_sequence ? first_item + (num_m_blocks - seq_m_blocks) * heads_here : t + 1;
+    return end > t + 1 ? end : t + 1;
+  }
 };
 
 // Heads per L2 section (FwdTileOrder): the largest power of two whose K and V (shared by

@@ -88,6 +88,17 @@ int dash_fwd_tile_order(int num_m_blocks, int num_bh, int section_heads, int* bh
   return order.num_tiles;
 }
 
+// FwdTileOrder::dead_run_end (varlen): where the run of dead items that item t starts ends.
+int dash_fwd_dead_run_end(int num_m_blocks, int num_bh, int section_heads, int num_heads, int t, int seq_m_blocks) {
+  dash::FwdTileOrder order;
+  order.num_m_blocks = num_m_blocks;
+  order.num_bh = num_bh;
+  order.section_heads = section_heads;
+  order.num_tiles = num_bh * num_m_blocks;
+  dash::FwdTileOrder::Tile const tile = order.tile(t);
+  return order.dead_run_end(tile, tile.bh / num_heads, num_heads, seq_m_blocks);
+}
+
 int dash_fwd_section_heads(long long l2_budget_bytes, int seqlen_k, int head_dim, int elem_bytes, int heads_per_kv_head,
                            int num_bh) {
   return dash::fwd_section_heads(l2_budget_bytes, seqlen_k, head_dim, elem_bytes, heads_per_kv_head, num_bh);

@@ -198,7 +198,7 @@ def _claim_varlen_items(probe, num_m, num_heads, m_blocks, sw, ctas, rng):
     n = len(order)
     counter, kept = 0, []
     pos = list(range(ctas))  # each CTA's current item
-    active = [c for c in range(ctas)]
+    active = list(range(ctas))
     while active:
         c = active[rng.integers(len(active))]
         t = pos[c]

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 import zlib
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,6 +23,9 @@ import torch
 from dash import reference
 from dash.config import FWD_TILE_CONFIGS
 from dash.api import flash_attn_func, flash_attn_varlen_func
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+import fwd_tile_order_model  # noqa: E402  (the kernel's L2 section rule, fwd_section_heads)
 
 pytestmark = pytest.mark.gpu
 
@@ -148,9 +153,7 @@ def test_varlen_forward_skips_dead_runs_and_keeps_every_live_tile(head_dim, caus
     # the row's L2 budget) stays at most `heads`: every section then lies inside one sequence.
     longest = cfg.l2_section_bytes // (2 * heads * 2 * head_dim * 2) + 100
     lengths.insert(gen.randrange(len(lengths) + 1), longest)
-    per_head, w = 2 * longest * head_dim * 2, 1
-    while 2 * w <= heads * len(lengths) and 2 * w * per_head <= cfg.l2_section_bytes:
-        w *= 2
+    w = fwd_tile_order_model.section_heads(cfg.l2_section_bytes, longest, head_dim, heads * len(lengths))
     assert heads % w == 0, f"sections of {w} heads span sequences: the test would not reach the skip"
     seed = _seed("varlen-dead-runs", head_dim, causal)
     q, k, v, cu, _ = _packed(lengths, lengths, heads, heads, head_dim, torch.bfloat16, seed)

@@ -9,6 +9,7 @@
 #
 # DIR holds a variant's _C*.so and _build_manifest.json, and its dash/config.py when its table
 # differs (carry it); it is run as a copy of this checkout's dash/ with those files swapped in.
+# AB_TIME_ARGS is passed on to tools/ab_time.py (e.g. "--hdim 64 --seqlen 2048 16384").
 # Lines go to $OUT/ab.jsonl.
 set -u
 ops=$1; shift
@@ -26,7 +27,7 @@ for v in "$@"; do
 done
 IFS='|' read -ra oplist <<< "$ops"
 for r in 1 2; do for b in "${builds[@]}"; do for op in "${oplist[@]}"; do
-  PYTHONPATH=${b#*:} timeout 200 python tools/ab_time.py --label "${b%%:*}" --op $op >> "$OUT/ab.jsonl" 2>> "$OUT/ab.err"
+  PYTHONPATH=${b#*:} timeout 200 python tools/ab_time.py --label "${b%%:*}" --op $op ${AB_TIME_ARGS:-} >> "$OUT/ab.jsonl" 2>> "$OUT/ab.err"
 done; done; done
 python - "$OUT/ab.jsonl" <<'PY'
 import json, sys, collections, math

@@ -125,6 +125,18 @@ def run_row(mix: str, head_dim: int, causal: bool, iters: int, warmup: int, with
     return row
 
 
+def results_meta(device: str, date: str, torch_version: str, iters: int) -> dict:
+    """The results file's header. ``commit`` is the kernels' (what their build recorded), as in
+    bench_fwd's and bench_bwd's files; ``checkout_describe`` is None when the run is not from a git
+    checkout (e.g. a copy of the tree holding another build)."""
+    from dash._ext import manifest
+
+    build = manifest()
+    return {"kind": "varlen", "device": device, "date": date, "torch": torch_version, "tokens": TOKENS,
+            "hidden": HIDDEN, "iters": iters, "commit": build.get("git_commit"), **_bench.code_identity(ROOT),
+            "build": build}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="bench_varlen.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--hdim", type=int, nargs="*", default=[64, 128])
@@ -156,8 +168,7 @@ def main(argv=None) -> int:
     date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     args.out.mkdir(parents=True, exist_ok=True)
     path = _bench.results_path(args.out, device, date, "varlen")
-    meta = {"kind": "varlen", "device": device, "date": date, "torch": torch.__version__, "tokens": TOKENS,
-            "hidden": HIDDEN, "iters": args.iters, **_bench.code_identity(ROOT)}
+    meta = results_meta(device, date, torch.__version__, args.iters)
     path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     print(f"results: {path}")
     return 0

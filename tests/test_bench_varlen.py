@@ -46,3 +46,13 @@ def test_refuses_cleanly_without_a_gpu(tmp_path):
                        cwd=ROOT, timeout=120)
     assert p.returncode == 1 and "needs an sm_90 GPU" in p.stderr and "Traceback" not in p.stderr
     assert not any(tmp_path.iterdir())
+
+
+def test_results_meta_names_the_kernels_commit_and_the_code():
+    b = _module()
+    from dash._ext import manifest
+
+    meta = b.results_meta("GPU X", "2026-12-06T00:00:00+00:00", "2.x", 10)
+    assert meta["kind"] == "varlen" and meta["device"] == "GPU X" and meta["iters"] == 10
+    assert meta["commit"] == manifest().get("git_commit") and meta["build"] == manifest()
+    assert len(meta["code_sha256"]) == 16 and "checkout_describe" in meta

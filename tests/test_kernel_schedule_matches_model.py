@@ -188,13 +188,57 @@ def test_forward_l2_sections_fit_the_budget(probe, seqlen_k, hdim, group):
             assert 2 * w > num_bh or 2 * w * per_head > budget_mib << 20
 
 
-def _claim_varlen_items(probe, num_m, num_heads, m_blocks, sw, ctas, rng):
+def _varlen_order(probe, num_m, num_heads, seqlens_k, keys):
+    n = num_m * num_heads * len(seqlens_k)
+    bh, m = np.zeros(n, dtype=np.int32), np.zeros(n, dtype=np.int32)
+    sk = np.array(seqlens_k, dtype=np.int32)
+    assert probe.dash_fwd_varlen_tile_order(num_m, num_heads, len(seqlens_k), keys, _ptr(sk), _ptr(bh), _ptr(m)) == n
+    return list(zip(bh.tolist(), m.tolist()))
+
+
+@settings(max_examples=200, deadline=None)
+@given(num_m=st.integers(1, 40), num_heads=st.integers(1, 12), seqlens_k=st.lists(st.integers(0, 5000), min_size=1,
+       max_size=6), keys=st.integers(0, 40000))
+def test_forward_varlen_tile_order_is_the_models_and_claims_every_tile_once(probe, num_m, num_heads, seqlens_k, keys):
+    """FwdTileOrder::tile_in_sequence (the varlen claim order) against tools/fwd_tile_order_model.py's
+    varlen_tile_order: every Q tile of the padded grid exactly once, sequence by sequence, each
+    sequence's sections sized for its own keys (a power of two of heads, at most the heads)."""
+    got = _varlen_order(probe, num_m, num_heads, seqlens_k, keys)
+    model = _fwd_tile_order_model()
+    num_bh = num_heads * len(seqlens_k)
+    assert sorted(got) == [(h, q) for h in range(num_bh) for q in range(num_m)]
+    assert got == model.varlen_tile_order(num_heads, num_m, seqlens_k, keys)
+    per_seq = num_heads * num_m
+    for b, sk in enumerate(seqlens_k):
+        assert all(bh // num_heads == b for bh, _ in got[b * per_seq:(b + 1) * per_seq])
+        w = model.sequence_section_heads(sk, num_heads, keys)
+        assert w & (w - 1) == 0 and 1 <= w <= num_heads
+        assert w == 1 or w * sk <= keys
+        assert 2 * w > num_heads or 2 * w * sk > keys
+
+
+def test_forward_varlen_section_keys_match_the_byte_rule(probe):
+    """fwd_section_keys: the keys of one query head whose K and V fit the budget (a GQA group
+    shares them), so that a sequence's section width is fwd_section_heads'."""
+    probe.dash_fwd_section_keys.argtypes = [ctypes.c_longlong] + [ctypes.c_int] * 3
+    model = _fwd_tile_order_model()
+    for budget_mib in (1, 12, 32):
+        for hdim in (64, 128):
+            for group in (1, 4):
+                keys = probe.dash_fwd_section_keys(budget_mib << 20, hdim, 2, group)
+                assert keys == model.section_keys(budget_mib << 20, hdim, 2, group)
+                for sk in (100, 1000, 4096, 8192, 16384):
+                    # 2 * hdim * 2 bytes per key is a multiple of the group here: no rounding apart
+                    assert model.sequence_section_heads(sk, 64, keys) == \
+                        model.section_heads(budget_mib << 20, sk, hdim, 64, heads_per_kv_head=group)
+
+
+def _claim_varlen_items(probe, num_m, num_heads, seqlens_q_m, seqlens_k, keys, ctas, rng):
     """The varlen forward producer's walk (next_seq_tile in csrc/kernels/fwd_main_kernel.h) with
     `ctas` CTAs interleaved at random: CTA c starts at item c, a claim is ctas + atomicAdd(counter,
     1), a dead item raises the counter to its run's end - ctas (atomicMax) before the next claim.
     Returns the live items the CTAs kept, in the order they kept them."""
-    num_bh = num_heads * len(m_blocks)
-    order = _fwd_tile_order_model().tile_order(num_bh, num_m, sw)
+    order = _varlen_order(probe, num_m, num_heads, seqlens_k, keys)
     n = len(order)
     counter, kept = 0, []
     pos = list(range(ctas))  # each CTA's current item
@@ -206,13 +250,13 @@ def _claim_varlen_items(probe, num_m, num_heads, m_blocks, sw, ctas, rng):
             active.remove(c)
             continue
         bh, m = order[t]
-        seq_m = m_blocks[bh // num_heads]
-        if m < seq_m:
+        b = bh // num_heads
+        if m < seqlens_q_m[b]:
             kept.append(t)
         else:
-            end = probe.dash_fwd_dead_run_end(num_m, num_bh, sw, num_heads, t, seq_m)
+            end = probe.dash_fwd_dead_run_end(num_m, num_heads, len(seqlens_k), keys, t, seqlens_k[b], seqlens_q_m[b])
             assert end > t
-            assert all(order[u][1] >= m_blocks[order[u][0] // num_heads] for u in range(t, min(end, n))), \
+            assert all(order[u][1] >= seqlens_q_m[order[u][0] // num_heads] for u in range(t, min(end, n))), \
                 f"item run [{t}, {end}) holds a live item"
             if end > t + 1:
                 counter = max(counter, end - ctas)
@@ -223,25 +267,29 @@ def _claim_varlen_items(probe, num_m, num_heads, m_blocks, sw, ctas, rng):
 
 @settings(max_examples=150, deadline=None)
 @given(num_heads=st.integers(1, 8), seq_m=st.lists(st.integers(0, 24), min_size=1, max_size=6),
-       log_sw=st.integers(0, 4), ctas=st.integers(1, 40), seed=st.integers(0, 2**31 - 1))
-def test_forward_varlen_dead_runs_hold_only_dead_items(probe, num_heads, seq_m, log_sw, ctas, seed):
-    """FwdTileOrder::dead_run_end: a run that a dead item starts holds dead items only (a live one
-    skipped would leave its rows of O unwritten), and with CTAs claiming concurrently every live
-    item is kept exactly once; where a section holds one sequence's heads, the run reaches its
-    first live item (the skip the change is for)."""
+       seqlens_k=st.lists(st.integers(0, 3000), min_size=6, max_size=6), keys=st.integers(0, 20000),
+       ctas=st.integers(1, 40), seed=st.integers(0, 2**31 - 1))
+def test_forward_varlen_dead_runs_hold_only_dead_items(probe, num_heads, seq_m, seqlens_k, keys, ctas, seed):
+    """FwdTileOrder::dead_run_end_in_sequence: a run that a dead item starts holds dead items only
+    (a live one skipped would leave its rows of O unwritten), and with CTAs claiming concurrently
+    every live item is kept exactly once; the run reaches its section's first live item (or the
+    section's end), so a short sequence's dead items go in one skip per section."""
     num_m = max(seq_m) if max(seq_m) > 0 else 1  # the grid is sized for the longest sequence
-    num_bh = num_heads * len(seq_m)
-    sw = min(1 << log_sw, 1 << (num_bh.bit_length() - 1))  # a power of two <= num_bh (fwd_section_heads)
-    kept, order = _claim_varlen_items(probe, num_m, num_heads, seq_m, sw, ctas, np.random.default_rng(seed))
+    seqlens_k = seqlens_k[:len(seq_m)]
+    kept, order = _claim_varlen_items(probe, num_m, num_heads, seq_m, seqlens_k, keys, ctas,
+                                      np.random.default_rng(seed))
     live = [t for t, (bh, m) in enumerate(order) if m < seq_m[bh // num_heads]]
     assert sorted(kept) == live
+    model = _fwd_tile_order_model()
     for t, (bh, m) in enumerate(order):
-        first_bh = (bh // sw) * sw
-        heads_here = min(sw, num_bh - first_bh)
-        if m < seq_m[bh // num_heads] or first_bh // num_heads != (first_bh + heads_here - 1) // num_heads:
+        b = bh // num_heads
+        if m < seq_m[b]:
             continue
-        end = probe.dash_fwd_dead_run_end(num_m, num_bh, sw, num_heads, t, seq_m[bh // num_heads])
-        assert end == _first_live_or_section_end(order, seq_m, num_heads, t, (bh // sw + 1) * sw * num_m)
+        w = model.sequence_section_heads(seqlens_k[b], num_heads, keys)
+        first_h = (bh - b * num_heads) // w * w
+        section_end = (b * num_heads + min(num_heads, first_h + w)) * num_m
+        end = probe.dash_fwd_dead_run_end(num_m, num_heads, len(seq_m), keys, t, seqlens_k[b], seq_m[b])
+        assert end == _first_live_or_section_end(order, seq_m, num_heads, t, section_end)
 
 
 def _first_live_or_section_end(order, seq_m, num_heads, t, section_end):

@@ -138,23 +138,24 @@ def test_varlen_every_output_element_written(head_dim, causal, monkeypatch):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_varlen_forward_skips_dead_runs_and_keeps_every_live_tile(head_dim, causal, ctas, monkeypatch):
-    """A skewed batch whose L2 sections hold one sequence's heads each: the grid, sized for the
-    long sequence, opens every short sequence's section with a run of dead Q tiles, which a CTA
-    skips at once (FwdTileOrder::dead_run_end). Every live tile must still be computed: with the
-    outputs NaN-filled first, the batch must give each sequence's own padded forward, bit for
-    bit (the same tiles and blocks), on the whole grid, seven CTAs and one."""
+    """A skewed batch: the grid, sized for the long sequence, opens every short sequence's L2
+    section (all its heads: FwdTileOrder::sequence_section_heads) with a run of dead Q tiles,
+    which a CTA skips at once (dead_run_end_in_sequence), while the long sequence walks several
+    narrower sections. Every live tile must still be computed: with the outputs NaN-filled first,
+    the batch must give each sequence's own padded forward, bit for bit (the same tiles and
+    blocks), on the whole grid, seven CTAs and one."""
     monkeypatch.setenv("DASH_POISON_OUTPUTS", "1")
     heads = 8
     cfg = next(c for c in FWD_TILE_CONFIGS if c.head_dim == head_dim and c.causal == causal)
     gen = random.Random(_seed("varlen-dead-runs-lengths", head_dim, causal))
     lengths = [gen.choice([0, 1, cfg.block_m, cfg.block_m + 1]) for _ in range(4)]
     lengths += [gen.randint(2, 3 * cfg.block_m) for _ in range(30)]
-    # Long enough that fwd_section_heads (the largest power of two of heads whose K and V fit
-    # the row's L2 budget) stays at most `heads`: every section then lies inside one sequence.
-    longest = cfg.l2_section_bytes // (2 * heads * 2 * head_dim * 2) + 100
+    # Long enough that its K and V need sections of fewer than `heads` heads.
+    keys = fwd_tile_order_model.section_keys(cfg.l2_section_bytes, head_dim)
+    longest = keys // heads + 100
     lengths.insert(gen.randrange(len(lengths) + 1), longest)
-    w = fwd_tile_order_model.section_heads(cfg.l2_section_bytes, longest, head_dim, heads * len(lengths))
-    assert heads % w == 0, f"sections of {w} heads span sequences: the test would not reach the skip"
+    assert fwd_tile_order_model.sequence_section_heads(longest, heads, keys) < heads
+    assert fwd_tile_order_model.sequence_section_heads(3 * cfg.block_m, heads, keys) == heads
     seed = _seed("varlen-dead-runs", head_dim, causal)
     q, k, v, cu, _ = _packed(lengths, lengths, heads, heads, head_dim, torch.bfloat16, seed)
     sms = torch.cuda.get_device_properties(q.device).multi_processor_count

@@ -37,6 +37,35 @@ def tile_order(num_bh: int, num_m_blocks: int, section_heads: int) -> list[tuple
     return out
 
 
+def section_keys(l2_budget_bytes: int, head_dim: int, elem_bytes: int = 2, heads_per_kv_head: int = 1) -> int:
+    """Keys of one query head's K and V that fit an L2 section (fwd_section_keys in
+    csrc/schedule/fwd_tile_order.h), at most 2**31 - 1."""
+    return min(l2_budget_bytes * heads_per_kv_head // (2 * head_dim * elem_bytes), 2**31 - 1)
+
+
+def sequence_section_heads(seqlen_k: int, num_heads: int, keys: int) -> int:
+    """Varlen: a sequence's heads per L2 section (FwdTileOrder::sequence_section_heads): the
+    largest power of two w <= num_heads with w * seqlen_k <= keys."""
+    w = 1
+    while 2 * w <= num_heads and 2 * w * seqlen_k <= keys:
+        w *= 2
+    return w
+
+
+def varlen_tile_order(num_heads: int, num_m_blocks: int, seqlens_k: list[int], keys: int) -> list[tuple[int, int]]:
+    """(bh, m) in the varlen claim order (FwdTileOrder::tile_in_sequence): sequence by sequence,
+    num_heads * num_m_blocks items each (the grid is sized for the longest), its heads in L2
+    sections sized for its own seqlen_k, descending m inside a section, heads innermost."""
+    out = []
+    for b, sk in enumerate(seqlens_k):
+        w = sequence_section_heads(sk, num_heads, keys)
+        for first in range(0, num_heads, w):
+            heads = range(b * num_heads + first, b * num_heads + min(num_heads, first + w))
+            for m in range(num_m_blocks - 1, -1, -1):
+                out.extend((h, m) for h in heads)
+    return out
+
+
 def section_heads(l2_budget_bytes: int, seqlen_k: int, head_dim: int, num_bh: int, elem_bytes: int = 2,
                   heads_per_kv_head: int = 1) -> int:
     """Heads per L2 section, the kernel's rule (fwd_section_heads in csrc/schedule/fwd_tile_order.h):

@@ -96,6 +96,7 @@ typename Traits::MainParams make_fwd_main_params(FwdParams const& p, BSHDStrides
       fwd_section_heads(Traits::kL2SectionBytes, p.seqlen_k, kHeadDim, int(sizeof(Element)), mp.heads_per_kv_head,
                         num_bh);
   mp.order.num_tiles = num_bh * mp.order.num_m_blocks;
+  mp.order.section_keys = fwd_section_keys(Traits::kL2SectionBytes, kHeadDim, int(sizeof(Element)), mp.heads_per_kv_head);
   mp.tile_counter = p.tile_counter;
   mp.cu_seqlens_q = p.cu_seqlens_q;
   mp.cu_seqlens_k = p.cu_seqlens_k;

@@ -125,17 +125,20 @@ struct FwdMainKernel {
       FwdSeqTile s;
       s.item = t;
       if (t >= p.order.num_tiles) { return s; }
-      auto const tile = p.order.tile(t);
+      // The item's sequence, then its tile in the sequence's own L2 sections.
+      int const b = p.order.sequence_of(t, p.num_heads);
+      s.seq = load_seq_place(p.cu_seqlens_q, p.cu_seqlens_k, b);
+      int const section_heads = p.order.sequence_section_heads(s.seq.seqlen_k, p.num_heads);
+      auto const tile = p.order.tile_in_sequence(t, b, p.num_heads, section_heads);
       s.bh = tile.bh;
       s.m = tile.m;
-      int const b = tile.bh / p.num_heads;
-      s.seq = load_seq_place(p.cu_seqlens_q, p.cu_seqlens_k, b);
       if (s.m * kBlockM < s.seq.seqlen_q) { return s; }
       // A dead item: raise the counter past the run of dead items it starts, so that this
       // claim (the loop's next_item) and every other CTA's land after it. Every item between
       // the counter and the run's end lies in (t, end), so all are dead: no live item is
       // skipped. Items t < gridDim.x are the CTAs' first ones, never claimed through the counter.
-      int const end = p.order.dead_run_end(tile, b, p.num_heads, (s.seq.seqlen_q + kBlockM - 1) / kBlockM);
+      int const end = p.order.dead_run_end_in_sequence(tile, b, p.num_heads, section_heads,
+                                                       (s.seq.seqlen_q + kBlockM - 1) / kBlockM);
       if (end > t + 1) { atomicMax(p.tile_counter, end - int(gridDim.x)); }
     }
   }

@@ -24,6 +24,9 @@ struct FwdTileOrder {
   int num_bh = 0;
   int section_heads = 1;
   int num_tiles = 0;
+  // Varlen: a section's K/V budget in keys of one query head (fwd_section_keys), from which each
+  // sequence's section width follows (sequence_section_heads).
+  int section_keys = 0;
 
   struct Tile {
     int bh, m;
@@ -39,27 +42,57 @@ struct FwdTileOrder {
     return {first_bh + (r - m_rank * heads_here), num_m_blocks - 1 - m_rank};
   }
 
-  // Varlen: the end of the run of dead items that `tile` (item t = tile(t)) starts, i.e. the
-  // first item after it that may be live. The tile must be dead: it lies past the end of its
-  // sequence b (= tile.bh / num_heads), which has `seq_m_blocks` Q tiles. The grid is sized for
-  // the longest sequence, so a short sequence's section opens with (num_m_blocks -
-  // seq_m_blocks) * heads dead items (descending m, heads innermost); a CTA that meets one skips
-  // them all at once instead of claiming them one by one. Only where the section holds heads of
-  // sequence b alone: a section spanning several sequences interleaves their items, so the run
-  // there is the tile alone (t + 1). Reads the decoded tile, not t, and needs section_heads to
-  // be a power of two (fwd_section_heads): with t's division and modulo redone here the
-  // producer's 24 registers spilled 12 B.
-  DASH_HOST_DEVICE int dead_run_end(Tile tile, int b, int num_heads, int seq_m_blocks) const {
-    int const first_bh = tile.bh & ~(section_heads - 1);
-    int const heads_here = num_bh - first_bh < section_heads ? num_bh - first_bh : section_heads;
-    int const first_item = first_bh * num_m_blocks;  // the sections before are full
-    int const m_rank = num_m_blocks - 1 - tile.m;
-    int const t = first_item + m_rank * heads_here + (tile.bh - first_bh);
-    bool const one_sequence = first_bh >= b * num_heads && first_bh + heads_here <= (b + 1) * num_heads;
-    int const end = one_sequence ? first_item + (num_m_blocks - seq_m_blocks) * heads_here : t + 1;
-    return end > t + 1 ? end : t + 1;
+  // Varlen: sequence b owns items [b, b + 1) * num_heads * num_m_blocks (the grid is sized for
+  // the longest sequence), its heads in L2 sections of `seq_section_heads` heads, a power of two
+  // chosen for its own length (sequence_section_heads), so that a short sequence takes all its
+  // heads in one section. Inside a section Q tiles go by descending m with the heads innermost,
+  // as in tile(). Sections never span sequences, and a short sequence's dead items (past its
+  // last Q tile) open its one section as one run (dead_run_end_in_sequence). Sections sized for
+  // the longest sequence (tile() over all (b, h)) gave a skewed batch 224 runs of ~120 dead items
+  // at hdim 128, which the CTAs claiming at once walked item by item before the first skip
+  // landed: the mix took 1.13x the time of its parts (kernel notes, thirty-first and
+  // thirty-second passes; tools/varlen_claim_model.py).
+  DASH_HOST_DEVICE int sequence_of(int t, int num_heads) const { return t / (num_heads * num_m_blocks); }
+
+  // The section width of a sequence with `seqlen_k` keys: the largest power of two w <= num_heads
+  // with w * seqlen_k <= section_keys (fwd_section_heads' rule in keys: 32-bit, no product that
+  // can overflow, few registers for the producer warp that evaluates it per claim).
+  DASH_HOST_DEVICE int sequence_section_heads(int seqlen_k, int num_heads) const {
+    int w = 1;
+    int limit = section_keys >> 1;  // 2w * seqlen_k <= section_keys  <=>  seqlen_k <= section_keys / 2w
+    while (2 * w <= num_heads && seqlen_k <= limit) {
+      w *= 2;
+      limit >>= 1;
+    }
+    return w;
+  }
+
+  DASH_HOST_DEVICE Tile tile_in_sequence(int t, int b, int num_heads, int seq_section_heads) const {
+    int const r = t - b * num_heads * num_m_blocks;
+    int const s = r / (seq_section_heads * num_m_blocks);
+    int const rr = r - s * seq_section_heads * num_m_blocks;
+    int const first_h = s * seq_section_heads;
+    int const heads_here = num_heads - first_h < seq_section_heads ? num_heads - first_h : seq_section_heads;
+    int const m_rank = rr / heads_here;
+    return {b * num_heads + first_h + (rr - m_rank * heads_here), num_m_blocks - 1 - m_rank};
+  }
+
+  // The end of the run of dead items that the dead `tile` of sequence b (tile_in_sequence) opens:
+  // its section's first (num_m_blocks - seq_m_blocks) * heads items, all past the sequence's end.
+  DASH_HOST_DEVICE int dead_run_end_in_sequence(Tile tile, int b, int num_heads, int seq_section_heads,
+                                                int seq_m_blocks) const {
+    int const first_h = (tile.bh - b * num_heads) & ~(seq_section_heads - 1);  // a power of two
+    int const heads_here = num_heads - first_h < seq_section_heads ? num_heads - first_h : seq_section_heads;
+    return (b * num_heads + first_h) * num_m_blocks + (num_m_blocks - seq_m_blocks) * heads_here;
   }
 };
+
+// FwdTileOrder::section_keys: how many keys of one query head's K and V (shared by its GQA
+// group) fit the L2 section budget, at most INT_MAX.
+DASH_HOST_DEVICE int fwd_section_keys(int64_t l2_budget_bytes, int head_dim, int elem_bytes, int heads_per_kv_head) {
+  int64_t const keys = l2_budget_bytes * heads_per_kv_head / (2 * int64_t(head_dim) * elem_bytes);
+  return keys > 2147483647 ? 2147483647 : int(keys);
+}
 
 // Heads per L2 section (FwdTileOrder): the largest power of two whose K and V (shared by
 // GQA siblings) take at most `l2_budget_bytes` (FwdTileConfig.l2_section_mib in dash/config.py,

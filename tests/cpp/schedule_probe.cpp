@@ -88,15 +88,42 @@ int dash_fwd_tile_order(int num_m_blocks, int num_bh, int section_heads, int* bh
   return order.num_tiles;
 }
 
-// FwdTileOrder::dead_run_end (varlen): where the run of dead items that item t starts ends.
-int dash_fwd_dead_run_end(int num_m_blocks, int num_bh, int section_heads, int num_heads, int t, int seq_m_blocks) {
+// Varlen (FwdTileOrder::sequence_of / sequence_section_heads / tile_in_sequence): the claim
+// order of a batch whose sequences have seqlen_k[b] keys, bh[t], m[t] of every item t (num_heads
+// * num_m_blocks per sequence); returns the item count.
+int dash_fwd_varlen_tile_order(int num_m_blocks, int num_heads, int batch, int section_keys, int const* seqlen_k,
+                               int* bh, int* m) {
   dash::FwdTileOrder order;
   order.num_m_blocks = num_m_blocks;
-  order.num_bh = num_bh;
-  order.section_heads = section_heads;
-  order.num_tiles = num_bh * num_m_blocks;
-  dash::FwdTileOrder::Tile const tile = order.tile(t);
-  return order.dead_run_end(tile, tile.bh / num_heads, num_heads, seq_m_blocks);
+  order.num_bh = num_heads * batch;
+  order.num_tiles = order.num_bh * num_m_blocks;
+  order.section_keys = section_keys;
+  for (int t = 0; t < order.num_tiles; ++t) {
+    int const b = order.sequence_of(t, num_heads);
+    int const w = order.sequence_section_heads(seqlen_k[b], num_heads);
+    dash::FwdTileOrder::Tile const tile = order.tile_in_sequence(t, b, num_heads, w);
+    bh[t] = tile.bh;
+    m[t] = tile.m;
+  }
+  return order.num_tiles;
+}
+
+// FwdTileOrder::dead_run_end_in_sequence: where the run of dead items that the dead item t (of
+// the order above) starts ends, for a sequence of seq_m_blocks Q tiles and seqlen_k keys.
+int dash_fwd_dead_run_end(int num_m_blocks, int num_heads, int batch, int section_keys, int t, int seqlen_k,
+                          int seq_m_blocks) {
+  dash::FwdTileOrder order;
+  order.num_m_blocks = num_m_blocks;
+  order.num_bh = num_heads * batch;
+  order.num_tiles = order.num_bh * num_m_blocks;
+  order.section_keys = section_keys;
+  int const b = order.sequence_of(t, num_heads);
+  int const w = order.sequence_section_heads(seqlen_k, num_heads);
+  return order.dead_run_end_in_sequence(order.tile_in_sequence(t, b, num_heads, w), b, num_heads, w, seq_m_blocks);
+}
+
+int dash_fwd_section_keys(long long l2_budget_bytes, int head_dim, int elem_bytes, int heads_per_kv_head) {
+  return dash::fwd_section_keys(l2_budget_bytes, head_dim, elem_bytes, heads_per_kv_head);
 }
 
 int dash_fwd_section_heads(long long l2_budget_bytes, int seqlen_k, int head_dim, int elem_bytes, int heads_per_kv_head,

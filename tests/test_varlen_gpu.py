@@ -25,7 +25,7 @@ from dash.config import FWD_TILE_CONFIGS
 from dash.api import flash_attn_func, flash_attn_varlen_func
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-import fwd_tile_order_model  # noqa: E402  (the kernel's L2 section rule, fwd_section_heads)
+import fwd_tile_order_model  # noqa: E402  (the kernel's varlen L2 sections: section_keys, sequence_section_heads)
 
 pytestmark = pytest.mark.gpu
 

@@ -9,9 +9,9 @@ Costs are in KV blocks of one CTA (a Q tile of m+1 visible blocks costs m+1 plus
 overhead). Each CTA's producer claims its next item when the current tile has `lead` blocks
 left (it issues a tile's last loads that far ahead of its end): a claim returns after `claim`
 blocks, a varlen item's sequence offsets after `read` more. A dead item (past its sequence's
-end) in a section of one sequence raises the counter past its run (atomicMax, landing `read`
-after the claim returned, as the kernel's next_seq_tile does); every CTA that claims an item of
-the run before that lands walks it too. Orders:
+end) in a section of one sequence raises the counter past its run (an atomicMax issued once the
+offsets are read, reaching the counter claim/2 later, as the kernel's next_seq_tile does); every
+CTA that claims an item of the run before that lands walks it too. Orders:
 
 * padded: the kernel's until the per-sequence sections (tools/fwd_tile_order_model.tile_order,
   sections sized for the longest sequence's K/V, so a short sequence's dead items open each of

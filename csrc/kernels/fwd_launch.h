@@ -92,7 +92,7 @@ typename Traits::MainParams make_fwd_main_params(FwdParams const& p, BSHDStrides
   // A cluster's work item is a pair of adjacent Q tiles (FwdTraits): the order runs over pairs.
   mp.order.num_m_blocks = num_m_blocks / kClusterM;
   mp.order.num_bh = num_bh;
-  mp.order.section_heads =
+  mp.order.section_heads =  // varlen: unused (each sequence's own, from section_keys)
       fwd_section_heads(Traits::kL2SectionBytes, p.seqlen_k, kHeadDim, int(sizeof(Element)), mp.heads_per_kv_head,
                         num_bh);
   mp.order.num_tiles = num_bh * mp.order.num_m_blocks;

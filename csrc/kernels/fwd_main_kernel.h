@@ -240,7 +240,7 @@ struct FwdMainKernel {
       };
       if constexpr (kVarlen) {
         // Not unrolled: unrolled, the varlen loop (its rows offset by the sequence's first row)
-        // spilled in the producer's 24 registers.
+        // spilled in the producer's registers (24 then; 32 at hdim 64 now, FwdTraits).
 #pragma unroll 1
         for (int n = n_end - 1; n >= 0; --n) { load_kv(n); }
       } else {

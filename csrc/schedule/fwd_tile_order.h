@@ -45,9 +45,10 @@ struct FwdTileOrder {
   // Varlen: sequence b owns items [b, b + 1) * num_heads * num_m_blocks (the grid is sized for
   // the longest sequence), its heads in L2 sections of `seq_section_heads` heads, a power of two
   // chosen for its own length (sequence_section_heads), so that a short sequence takes all its
-  // heads in one section. Inside a section Q tiles go by descending m with the heads innermost,
-  // as in tile(). Sections never span sequences, and a short sequence's dead items (past its
-  // last Q tile) open its one section as one run (dead_run_end_in_sequence). Sections sized for
+  // heads in one section (the largest power of two of them: with 12 heads, sections of 8 and 4).
+  // Inside a section Q tiles go by descending m with the heads innermost, as in tile(). Sections
+  // never span sequences, and a short sequence's dead items (past its last Q tile) open each of
+  // its sections as one run (dead_run_end_in_sequence). Sections sized for
   // the longest sequence (tile() over all (b, h)) gave a skewed batch 224 runs of ~120 dead items
   // at hdim 128, which the CTAs claiming at once walked item by item before the first skip
   // landed: the mix took 1.13x the time of its parts (kernel notes, thirty-first and
@@ -55,8 +56,9 @@ struct FwdTileOrder {
   DASH_HOST_DEVICE int sequence_of(int t, int num_heads) const { return t / (num_heads * num_m_blocks); }
 
   // The section width of a sequence with `seqlen_k` keys: the largest power of two w <= num_heads
-  // with w * seqlen_k <= section_keys (fwd_section_heads' rule in keys: 32-bit, no product that
-  // can overflow, few registers for the producer warp that evaluates it per claim).
+  // with w * seqlen_k <= section_keys (fwd_section_heads' rule counted in keys, equal to it where
+  // a GQA group's share of a key's bytes is whole; 32-bit, no product that can overflow, few
+  // registers for the producer warp that evaluates it per claim).
   DASH_HOST_DEVICE int sequence_section_heads(int seqlen_k, int num_heads) const {
     int w = 1;
     int limit = section_keys >> 1;  // 2w * seqlen_k <= section_keys  <=>  seqlen_k <= section_keys / 2w

@@ -134,28 +134,30 @@ def test_varlen_every_output_element_written(head_dim, causal, monkeypatch):
     assert not torch.isnan(out).any() and not torch.isnan(lse).any()
 
 
+@pytest.mark.parametrize("heads", [8, 12])
 @pytest.mark.parametrize("ctas", ["all", "seven", "one"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_varlen_forward_skips_dead_runs_and_keeps_every_live_tile(head_dim, causal, ctas, monkeypatch):
+def test_varlen_forward_skips_dead_runs_and_keeps_every_live_tile(head_dim, causal, ctas, heads, monkeypatch):
     """A skewed batch: the grid, sized for the long sequence, opens every short sequence's L2
     section (all its heads: FwdTileOrder::sequence_section_heads) with a run of dead Q tiles,
     which a CTA skips at once (dead_run_end_in_sequence), while the long sequence walks several
     narrower sections. Every live tile must still be computed: with the outputs NaN-filled first,
     the batch must give each sequence's own padded forward, bit for bit (the same tiles and
-    blocks), on the whole grid, seven CTAs and one."""
+    blocks), on the whole grid, seven CTAs and one. With 12 heads a short sequence's sections are
+    8 and 4 heads (the largest power of two, then a partial section)."""
     monkeypatch.setenv("DASH_POISON_OUTPUTS", "1")
-    heads = 8
     cfg = next(c for c in FWD_TILE_CONFIGS if c.head_dim == head_dim and c.causal == causal)
     gen = random.Random(_seed("varlen-dead-runs-lengths", head_dim, causal))
     lengths = [gen.choice([0, 1, cfg.block_m, cfg.block_m + 1]) for _ in range(4)]
     lengths += [gen.randint(2, 3 * cfg.block_m) for _ in range(30)]
-    # Long enough that its K and V need sections of fewer than `heads` heads.
+    # Long enough that its K and V need narrower sections than the short sequences' widest.
+    widest = 1 << (heads.bit_length() - 1)  # the largest power of two of the heads
     keys = fwd_tile_order_model.section_keys(cfg.l2_section_bytes, head_dim)
-    longest = keys // heads + 100
+    longest = keys // widest + 100
     lengths.insert(gen.randrange(len(lengths) + 1), longest)
-    assert fwd_tile_order_model.sequence_section_heads(longest, heads, keys) < heads
-    assert fwd_tile_order_model.sequence_section_heads(3 * cfg.block_m, heads, keys) == heads
+    assert fwd_tile_order_model.sequence_section_heads(longest, heads, keys) < widest
+    assert fwd_tile_order_model.sequence_section_heads(3 * cfg.block_m, heads, keys) == widest
     seed = _seed("varlen-dead-runs", head_dim, causal)
     q, k, v, cu, _ = _packed(lengths, lengths, heads, heads, head_dim, torch.bfloat16, seed)
     sms = torch.cuda.get_device_properties(q.device).multi_processor_count
@@ -163,7 +165,7 @@ def test_varlen_forward_skips_dead_runs_and_keeps_every_live_tile(head_dim, caus
     out, lse = flash_attn_varlen_func(q, k, v, cu, cu, longest, longest, causal=causal, return_attn_probs=True,
                                       sm_margin=margin)
     torch.cuda.synchronize()
-    label = f"hdim{head_dim} causal={causal} ctas={ctas} {_tag(seed)}"
+    label = f"hdim{head_dim} causal={causal} ctas={ctas} heads={heads} {_tag(seed)}"
     assert not torch.isnan(out).any() and not torch.isnan(lse).any(), f"a tile was not written: {label}"
     bounds = cu.tolist()
     for b, (a, e) in enumerate(zip(bounds[:-1], bounds[1:])):

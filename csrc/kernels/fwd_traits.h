@@ -13,6 +13,7 @@
 #include "generated/tile_config.h"
 #include "kernels/fwd_params.h"
 #include "kernels/mma_utils.h"
+#include "kernels/persistent_shell.h"  // launch_registers_per_thread
 #include "kernels/varlen.h"
 #include "kernels/work_ring.h"
 #include "schedule/fwd_tile_order.h"  // FwdTileOrder
@@ -87,12 +88,12 @@ struct FwdTraits {
   static constexpr bool kRowLimitMask = Config::kRowLimitMask;
   static constexpr int kMmaRegisters = Config::kMmaRegisters;
   // Varlen: what the CTA's launch budget leaves beside the MMA warpgroups, up to 32 (hdim 64:
-  // 4 x 128 - 3 x 160 = 32; hdim 128: 3 x 168 - 2 x 240 = 24; PersistentShell says why the budget
-  // is binding). The varlen producer decodes each claimed item's sequence, section width and
-  // tile (FwdTileOrder::tile_in_sequence); at 24 registers the hdim-64 full-mask kernel spilled
-  // 8 B of pipeline state per tile.
-  static constexpr int kLaunchRegisters = (65536 / (128 * (NumMmaWarpGroups + 1))) / 8 * 8;
-  static constexpr int kRegistersLeft = kLaunchRegisters * (NumMmaWarpGroups + 1) - NumMmaWarpGroups * kMmaRegisters;
+  // 4 x 128 - 3 x 160 = 32; hdim 128: 3 x 168 - 2 x 240 = 24; launch_registers_per_thread says
+  // why the budget is binding). The varlen producer decodes each claimed item's sequence, section
+  // width and tile (FwdTileOrder::tile_in_sequence); at 24 registers the hdim-64 full-mask kernel
+  // spilled 8 B of pipeline state per tile.
+  static constexpr int kRegistersLeft =
+      launch_registers_per_thread(NumMmaWarpGroups + 1) * (NumMmaWarpGroups + 1) - NumMmaWarpGroups * kMmaRegisters;
   static constexpr int kProducerRegisters = kVarlen ? (kRegistersLeft < 32 ? kRegistersLeft : 32) : 24;
   static_assert(kBlockM == 64 * NumMmaWarpGroups, "each MMA warpgroup owns 64 rows of the Q tile");
   static_assert(NumMmaWarpGroups <= 4, "named barriers kTurn0 + w, kOutSlab0 + w and kLazyMaxVote0 + w (FwdBarrier)");

@@ -28,17 +28,19 @@
 
 namespace dash {
 
+// setmaxnreg moves registers between the warpgroups of a CTA, within what the CTA was launched
+// with: 65536 / threads per thread, rounded down to the allocation unit of 8. A budget above
+// that passes a register-file check but the MMA warpgroups' setmaxnreg.inc waits forever (it
+// did, with a 32-register producer at 2 x 240 in the forward).
+constexpr int launch_registers_per_thread(int warpgroups) { return (65536 / (128 * warpgroups)) / 8 * 8; }
+
 template <class Kernel>
 struct PersistentShell {
   using Params = typename Kernel::Params;
   using SharedStorage = typename Kernel::SharedStorage;
 
-  // setmaxnreg moves registers between the warpgroups of a CTA, within what the CTA was launched
-  // with: 65536 / threads per thread, rounded down to the allocation unit of 8. A budget above
-  // that passes a register-file check but the MMA warpgroups' setmaxnreg.inc waits forever (it
-  // did, with a 32-register producer at 2 x 240 in the forward).
   static constexpr int kWarpGroups = Kernel::NumMmaWarpGroups + 1;
-  static constexpr int kLaunchRegisters = (65536 / (128 * kWarpGroups)) / 8 * 8;
+  static constexpr int kLaunchRegisters = launch_registers_per_thread(kWarpGroups);
   static_assert(Kernel::kProducerRegisters + Kernel::NumMmaWarpGroups * Kernel::kMmaRegisters <=
                     kWarpGroups * kLaunchRegisters,
                 "setmaxnreg budget exceeds the registers the CTA is launched with");

@@ -32,14 +32,18 @@ struct FwdTileOrder {
     int bh, m;
   };
 
-  DASH_HOST_DEVICE Tile tile(int t) const {
-    int const per_section = section_heads * num_m_blocks;
-    int const s = t / per_section;
-    int const r = t - s * per_section;
-    int const first_bh = s * section_heads;
-    int const heads_here = num_bh - first_bh < section_heads ? num_bh - first_bh : section_heads;
-    int const m_rank = r / heads_here;
-    return {first_bh + (r - m_rank * heads_here), num_m_blocks - 1 - m_rank};
+  DASH_HOST_DEVICE Tile tile(int t) const { return tile_in_sections(t, 0, num_bh, section_heads); }
+
+  // Item r of a run of `count` (b, h) pairs from `first_bh` on, in sections of `width` of them:
+  // descending m inside a section, the pairs innermost (the last section may be narrower).
+  DASH_HOST_DEVICE Tile tile_in_sections(int r, int first_bh, int count, int width) const {
+    int const per_section = width * num_m_blocks;
+    int const s = r / per_section;
+    int const rr = r - s * per_section;
+    int const first = s * width;
+    int const here = count - first < width ? count - first : width;
+    int const m_rank = rr / here;
+    return {first_bh + first + (rr - m_rank * here), num_m_blocks - 1 - m_rank};
   }
 
   // Varlen: sequence b owns items [b, b + 1) * num_heads * num_m_blocks (the grid is sized for
@@ -70,13 +74,7 @@ struct FwdTileOrder {
   }
 
   DASH_HOST_DEVICE Tile tile_in_sequence(int t, int b, int num_heads, int seq_section_heads) const {
-    int const r = t - b * num_heads * num_m_blocks;
-    int const s = r / (seq_section_heads * num_m_blocks);
-    int const rr = r - s * seq_section_heads * num_m_blocks;
-    int const first_h = s * seq_section_heads;
-    int const heads_here = num_heads - first_h < seq_section_heads ? num_heads - first_h : seq_section_heads;
-    int const m_rank = rr / heads_here;
-    return {b * num_heads + first_h + (rr - m_rank * heads_here), num_m_blocks - 1 - m_rank};
+    return tile_in_sections(t - b * num_heads * num_m_blocks, b * num_heads, num_heads, seq_section_heads);
   }
 
   // The end of the run of dead items that the dead `tile` of sequence b (tile_in_sequence) opens:

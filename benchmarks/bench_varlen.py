@@ -10,8 +10,10 @@ A row is one packed batch of 16k tokens (hidden 2048) cut into sequences by a fi
            twenty-fifth pass).
 Timed (``dash.bench.cuda_time_ms_interleaved``: modes interleaved in rounds, host ahead): the
 forward (under ``torch.no_grad``), and the forward plus ``torch.autograd.grad`` (DASH
-deterministic ``auto``, and non-deterministic); FA3's varlen forward and forward+backward
-likewise when its module imports. A control times DASH's padded
+deterministic ``auto``, and non-deterministic ``auto``); FA3's varlen forward and
+forward+backward likewise when its module imports. ``--nondet-schedules`` adds the
+non-deterministic forward+backward per varlen kernel schedule (``dash_varlen_nondet_<name>``),
+the measurement behind non-deterministic ``auto``'s rule. A control times DASH's padded
 ``flash_attn_func`` once per sequence (batch 1 each): the same FLOPs without varlen's padding.
 FLOPs are FA3's count summed over the sequences (4*h*sq*sk*d forward, halved visible pairs under
 a causal mask as the grid benchmarks count them; backward 2.5x). Prints a table and writes
@@ -58,7 +60,8 @@ def attention_flops(lengths: list[int], heads: int, head_dim: int, causal: bool)
     return sum(4.0 * heads * n * n * head_dim * (0.5 if causal else 1.0) for n in lengths)
 
 
-def run_row(mix: str, head_dim: int, causal: bool, iters: int, warmup: int, with_fa3: bool = True) -> dict:
+def run_row(mix: str, head_dim: int, causal: bool, iters: int, warmup: int, with_fa3: bool = True,
+            nondet_schedules: tuple[str, ...] = ()) -> dict:
     import torch
 
     from dash import bench
@@ -74,12 +77,15 @@ def run_row(mix: str, head_dim: int, causal: bool, iters: int, warmup: int, with
     flops = attention_flops(lengths, heads, head_dim, causal)
     modes: dict[str, tuple] = {}
 
-    def varlen(det):
-        return lambda: flash_attn_varlen_func(q, k, v, cu, cu, longest, longest, causal=causal, deterministic=det)
+    def varlen(det, schedule="auto"):
+        return lambda: flash_attn_varlen_func(q, k, v, cu, cu, longest, longest, causal=causal, deterministic=det,
+                                              schedule=schedule)
 
     modes["dash_varlen"] = (varlen(True), False)
     modes["dash_varlen_det"] = (varlen(True), True)
     modes["dash_varlen_nondet"] = (varlen(False), True)
+    for name in nondet_schedules:
+        modes[f"dash_varlen_nondet_{name}"] = (varlen(False, name), True)
 
     pieces = [(a, b) for a, b in zip(cu[:-1].tolist(), cu[1:].tolist())]
 
@@ -148,6 +154,8 @@ def main(argv=None) -> int:
     p.add_argument("--fa3", action=argparse.BooleanOptionalAction, default=True,
                    help="time FA3's varlen when flash_attn_interface imports (default); it must be built with "
                         "varlen (an FA3 built with FLASH_ATTENTION_DISABLE_VARLEN crashes the process on the call)")
+    p.add_argument("--nondet-schedules", action="store_true",
+                   help="also time the non-deterministic forward+backward with each varlen kernel schedule")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = p.parse_args(argv)
     if _bench.refuse_without_gpu("bench_varlen.py"):
@@ -155,7 +163,10 @@ def main(argv=None) -> int:
     import torch
 
     masks = [args.causal] if args.causal is not None else [False, True]
-    rows = [run_row(mix, d, c, args.iters, args.warmup, args.fa3) for mix in args.mix for d in args.hdim
+    from dash.validation import VARLEN_KERNEL_SCHEDULES
+
+    schedules = VARLEN_KERNEL_SCHEDULES if args.nondet_schedules else ()
+    rows = [run_row(mix, d, c, args.iters, args.warmup, args.fa3, schedules) for mix in args.mix for d in args.hdim
             for c in masks]
     names = sorted({n for r in rows for n in r["tflops"]})
     print(f"{'row':<28}" + "".join(f"{n:>24}" for n in names))

@@ -312,8 +312,8 @@ def available_modes() -> dict[str, Callable[[dict], tuple]]:
 
     modes = {
         "dash_nondet": _dash_backward(False, "auto"),
-        # Non-det auto: descending's / interleaved's order under a causal mask, shift under a
-        # full one (dash.schedules.auto.choose_kernel_schedule); the fa3 order beside it.
+        # Non-det auto: a measured rule per mask, head dim and length
+        # (dash.schedules.auto.nondeterministic_kernel_schedule); the fa3 order beside it.
         "dash_nondet_fa3": _dash_backward(False, "fa3"),
         "dash_auto_det": _dash_backward(True, "auto"),
     }

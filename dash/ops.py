@@ -45,8 +45,10 @@ def resolve_schedule(schedule: str, q: Tensor, k: Tensor, causal: bool, determin
     portable schedule the calibrated scheduling model ranks fastest for this shape, ranked for
     the same 132-CTA grid on every GPU so that neither the choice nor its bits depend on the
     SM count or ``sm_margin``; non-deterministic, a fixed measured rule
-    (causal: ``descending`` from 2048 queries, else ``interleaved``; full: ``shift`` where it
-    runs, else ``fa3``), whose bits are not reproducible anyway.
+    (``dash.schedules.auto.nondeterministic_kernel_schedule``: causal ``descending`` from 2048
+    queries, below that ``interleaved`` at hdim 128 and ``fa3`` at hdim 64; full ``fa3``, but
+    ``shift`` at hdim 128 from 16384 queries where it runs), whose bits are not reproducible
+    anyway.
 
     Under torch.compile with dynamic shapes the non-deterministic rule is traced on the
     symbolic sizes (guards on size ranges); the deterministic choice runs the model, which

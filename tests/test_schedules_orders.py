@@ -227,31 +227,42 @@ def test_gqa_siblings_are_claimed_in_query_head_order(name, causal):
 
 
 def test_non_deterministic_auto_order():
-    """Non-deterministic auto: under a causal mask the longest columns of every head of an L2
-    section first, descending's order from 2048 queries on and interleaved's below, on any
-    grid; under a full mask shift (staggered start tiles) wherever its precondition holds (at
-    most as many running columns of a head as Q tiles), else the fa3 order."""
-    from dash.schedules.auto import choose_kernel_schedule
+    """Non-deterministic auto (measured rule, dash.schedules.auto): under a causal mask the
+    longest columns of every head of an L2 section first, descending's order from 2048 queries
+    on; below that interleaved's at hdim 128 and the fa3 order at hdim 64; under a full mask the
+    fa3 order, except hdim 128 from 16384 queries, where shift runs wherever its precondition
+    holds (at most as many running columns of a head as Q tiles). On any grid."""
+    from dash.schedules.auto import (NONDET_CAUSAL_DESCENDING_MIN_SEQLEN, NONDET_FULL_SHIFT_MIN_SEQLEN_HDIM128,
+                                     choose_kernel_schedule, nondeterministic_kernel_schedule)
 
-    for args in [(2, 16, 16, 8192, 8192, 128, True), (2, 32, 8, 4096, 4096, 128, True), (1, 2, 2, 2048, 8192, 64, True)]:
-        for ctas in (1, 66, 132):
-            assert choose_kernel_schedule(*args, ctas, deterministic=False) == "descending"
-    for args in [(32, 16, 16, 512, 512, 128, True), (16, 32, 32, 1024, 1024, 64, True), (1, 2, 2, 64, 8192, 64, True)]:
-        for ctas in (1, 66, 132):
-            assert choose_kernel_schedule(*args, ctas, deterministic=False) == "interleaved"
-    for args in [(32, 32, 32, 512, 512, 64, False), (4, 16, 16, 4096, 4096, 128, False), (2, 32, 8, 8192, 8192, 128, False)]:
-        for ctas in (1, 66, 132):
-            assert choose_kernel_schedule(*args, ctas, deterministic=False) == "shift"
-    # seqlen_k much longer than seqlen_q: more running columns of a head than Q tiles.
-    # hdim 64: 128 x 128 tiles; 64 key columns, 1 Q tile.
-    assert choose_kernel_schedule(1, 2, 2, 100, 8192, 64, False, 132, deterministic=False) == "fa3"
-    assert choose_kernel_schedule(1, 2, 2, 100, 8192, 64, False, 1, deterministic=False) == "shift"
-    # The choice agrees with what validation accepts for schedule="shift".
+    def pick(args, ctas):
+        return choose_kernel_schedule(*args, ctas, deterministic=False)
+
+    for ctas in (1, 66, 132):
+        for args in [(2, 16, 16, 8192, 8192, 128, True), (2, 32, 8, 4096, 4096, 128, True),
+                     (1, 2, 2, 2048, 8192, 64, True), (8, 32, 32, 2048, 2048, 64, True)]:
+            assert pick(args, ctas) == "descending", args
+        for args in [(32, 16, 16, 512, 512, 128, True), (16, 16, 16, 2047, 2047, 128, True), (1, 2, 2, 64, 8192, 128, True)]:
+            assert pick(args, ctas) == "interleaved", args
+        for args in [(16, 32, 32, 1024, 1024, 64, True), (1, 2, 2, 2047, 8192, 64, True)]:
+            assert pick(args, ctas) == "fa3", args
+        # Full masks: the fa3 order at hdim 64 at any length, at hdim 128 below 16384 queries.
+        for args in [(32, 32, 32, 512, 512, 64, False), (1, 32, 32, 16384, 16384, 64, False),
+                     (4, 16, 16, 4096, 4096, 128, False), (2, 32, 8, 16383, 16383, 128, False)]:
+            assert pick(args, ctas) == "fa3", args
+    assert NONDET_CAUSAL_DESCENDING_MIN_SEQLEN == 2048 and NONDET_FULL_SHIFT_MIN_SEQLEN_HDIM128 == 16384
+    for ctas in (66, 132):
+        assert pick((1, 16, 16, 16384, 16384, 128, False), ctas) == "shift"
+    # More running columns of a head than Q tiles: no shift. hdim 128 full: 80 x 128 tiles;
+    # 16384 queries = 205 Q tiles, 65536 keys = 512 key columns, of which min(512, ctas) run.
+    assert pick((1, 2, 2, 16384, 65536, 128, False), 300) == "fa3"
+    assert pick((1, 2, 2, 16384, 65536, 128, False), 205) == "shift"
+    # Where it picks shift, the choice agrees with what validation accepts for schedule="shift".
     from dash.config import bwd_tile_config
-    for sq, sk, d, ctas in [(100, 8192, 64, 132), (2048, 2048, 128, 132), (64, 1000, 128, 7), (4096, 300, 64, 132)]:
-        cfg = bwd_tile_config(d, False)
+    cfg = bwd_tile_config(128, False)
+    for sq, sk, ctas in [(16384, 65536, 300), (16384, 16384, 132), (20000, 300, 7), (16384, 200000, 206)]:
         runs = min(-(-sk // cfg.block_n), ctas) <= -(-sq // cfg.block_m)
-        assert (choose_kernel_schedule(1, 2, 2, sq, sk, d, False, ctas, deterministic=False) == "shift") == runs
+        assert (nondeterministic_kernel_schedule(sq, sk, 128, False, ctas) == "shift") == runs, (sq, sk, ctas)
 
 
 def test_deterministic_auto_candidates():

@@ -241,26 +241,14 @@ def choose_kernel_schedule(batch: int, heads: int, heads_kv: int, seqlen_q: int,
 
     Without determinism the turns are unused and the model, which prices turn waits, has
     nothing to rank; the order only has to balance the grid and keep concurrent reduce-adds
-    apart. Causal masks get the longest columns of all heads of an L2 section first (the
-    tail is short columns): ``descending``'s order (Q tiles from the last) from 2048 queries
-    on, ``interleaved``'s (Q tiles from the diagonal) below. Measured on the H200 in one run,
-    modes in rotated rounds, GPU time with the host ahead
-    (benchmarks/results/logs/2026-11-30-NVIDIA-H200-nondet-order-ebf9e4a.log), interleaved /
-    fa3 order time: hdim 128 causal 2k-8k 0.953-0.958, 16k and 512 1.000; hdim 64 causal 2k
-    0.976, 16k 1.005, 512 1.015; and descending / interleaved throughput
-    (benchmarks/results/logs/2026-11-30-NVIDIA-H200-nondet-causal-descending-a0464c6.log, two
-    runs): hdim 64 causal 2k-16k 1.011-1.017, hdim 128 causal 2k-8k 1.005-1.020 and 16k 1.012
-    / 0.994; but hdim 128 causal 512 0.972-0.974, 1k 0.997-0.998, hdim 64 512 / 1k 0.997-1.010.
-    Full masks get ``shift`` wherever it runs (at
-    most as many concurrently running columns of a head as Q tiles), else ``fa3``: shift's
-    columns start at staggered Q tiles, so no two running columns of a head reduce-add into
-    the same dQ tile at once, while the fa3 order starts them all at tile 0. Measured the
-    same way (benchmarks/results/logs/2026-11-30-NVIDIA-H200-nondet-full-shift-a0464c6.log),
-    two runs, shift / fa3 order throughput: hdim 64 full 1k-16k 1.017-1.058, hdim 128 full
-    1k-16k 1.003-1.033 (no row slower). Shift's bits depend on the grid, which does not
-    matter without determinism. (The earlier choice of ``fa3`` everywhere rested on synced
-    per-call timings in which two runs of the same kernel differed by up to 17 % with their
-    place in the round.)
+    apart. The rule (``nondeterministic_kernel_schedule``) is measured, not modelled:
+    causal masks get the longest columns of all heads of an L2 section first (the tail is
+    short columns), ``descending``'s order (Q tiles from the last) from 2048 queries on, below
+    that ``interleaved``'s (Q tiles from the diagonal) at hdim 128 and the fa3 order at hdim 64;
+    full masks get the fa3 order, except hdim 128 from 16384 queries, where ``shift`` (staggered
+    start tiles, so that no two running columns of a head reduce-add into one dQ tile at once)
+    runs where it can. Shift's bits depend on the grid, which does not matter without
+    determinism. Measured, see the comment above ``NONDET_CAUSAL_DESCENDING_MIN_SEQLEN``.
     """
     if not deterministic:
         return nondeterministic_kernel_schedule(seqlen_q, seqlen_k, head_dim, causal, ctas)
@@ -270,14 +258,39 @@ def choose_kernel_schedule(batch: int, heads: int, heads_kv: int, seqlen_q: int,
     return ranked[0][0] if ranked else "fa3"
 
 
+#: Where non-deterministic ``auto``'s rule comes from (benchmarks/bench_bwd.py with the opt-in
+#: ``dash_nondet_<schedule>`` modes, rotated rounds in one process; throughput ratios).
+#: 2026-12-06, kernels of 74b8ae5, H100 SXM two runs
+#: (benchmarks/results/logs/2026-12-06-NVIDIA-H100-80GB-HBM3-nondet-order-{full,causal}.log) and
+#: the H200 grid of that day (benchmarks/results/2026-12-06-NVIDIA-H200-bwd.json, its dash_nondet
+#: = shift and dash_nondet_fa3 columns): fa3 order / shift, full masks:
+#: hdim 64 512-16k 1.014-1.037 (no row below), hdim 128 512 1.090-1.094, 1k-8k 1.006-1.041, but
+#: 16k 0.964 / 0.982 / 0.994 (shift ahead in all three runs). Causal, fa3 order / interleaved:
+#: hdim 64 512 1.030, 1k 1.058 (both runs); hdim 128 512 / 1k 0.986-0.992. Descending /
+#: interleaved from 2k: 0.991-1.024 (below 1 only at 2k: 0.991-0.995). Before: 2026-11-30 on
+#: the H200 (kernels of a0464c6), shift / fa3 order 1.003-1.058 on every full row 1k-16k; the
+#: backward has changed since (80-row hdim-128 full tile, per-warpgroup dQ release, LSE loads),
+#: and so did the ranking.
+#: Non-deterministic ``auto`` under a causal mask: ``descending`` from this many queries on.
+NONDET_CAUSAL_DESCENDING_MIN_SEQLEN = 2048
+#: Non-deterministic ``auto`` under a full mask at hdim 128: ``shift`` (where it runs) from
+#: this many queries on, the fa3 order below (and at hdim 64 always).
+NONDET_FULL_SHIFT_MIN_SEQLEN_HDIM128 = 16384
+
+
 def nondeterministic_kernel_schedule(seqlen_q, seqlen_k, head_dim: int, causal: bool, ctas: int) -> str:
     """Non-deterministic ``auto`` (the measured rule of ``choose_kernel_schedule``). Only size
     comparisons: traced by torch.compile on symbolic sizes it adds guards on size ranges
     instead of one graph per shape."""
     if causal:
-        return "descending" if seqlen_q >= 2048 else "interleaved"
-    lanes, q_tiles = shift_lanes(seqlen_q, seqlen_k, head_dim, ctas)
-    return "shift" if lanes <= q_tiles else "fa3"
+        if seqlen_q >= NONDET_CAUSAL_DESCENDING_MIN_SEQLEN:
+            return "descending"
+        return "interleaved" if head_dim > 64 else "fa3"
+    if head_dim > 64 and seqlen_q >= NONDET_FULL_SHIFT_MIN_SEQLEN_HDIM128:
+        lanes, q_tiles = shift_lanes(seqlen_q, seqlen_k, head_dim, ctas)
+        if lanes <= q_tiles:
+            return "shift"
+    return "fa3"
 
 
 @lru_cache(maxsize=256)

@@ -10,10 +10,12 @@ backward call on the H200 host, more for torch's cuDNN path and FA3's/FA4's Pyth
 for DASH's; the GPU time of DASH's kernels through autograd equals that of the kernels alone:
 ``benchmarks/results/logs/2026-11-30-NVIDIA-H200-user-path-timing-c5e0c94.log``). Host work
 per call is measured on its own (``wall_us_per_call``, at a tiny shape where the GPU waits
-for the host). The modes of a row are timed in rounds (every mode one burst per round, the
-order rotating from round to round), so that clock or thermal drift during the row does not
-favour the mode measured first: two modes running the same kernel differed by up to 4 % when
-each was timed in one block.
+for the host). The modes of a row are timed in rounds (every mode one burst per round, in the
+orders of ``round_orders``), so that clock or thermal drift during the row does not favour the
+mode measured first: two modes running the same kernel differed by up to 4 % when each was
+timed in one block. The orders also vary which mode runs just before each one: a burst's clock
+depends on the power drawn just before it, and the cyclic rotation used until 2026-12-06 kept
+every mode behind the same neighbour in every round but the one it opened.
 FLOPs are counted FA3's way: forward 4*b*h*sq*sk*d, backward 2.5x forward, halved for a
 causal mask.
 """
@@ -153,6 +155,28 @@ def back_to_back(fn: Callable[[], object], seconds: float) -> tuple[float, float
 SLEEP_CLOCK_HZ = 2.0e9
 
 
+def round_orders(n: int) -> list[list[int]]:
+    """Orders of ``n`` modes for successive rounds of ``cuda_time_ms_interleaved`` (a Williams
+    design). Over one cycle of the returned orders every mode opens a round equally often and
+    runs directly after every other mode equally often: once each for an even ``n`` (n orders),
+    twice for an odd one (2n orders: the n orders and their reverses). A cyclic rotation of one
+    order would keep each mode behind the same neighbour in every round it does not open."""
+    if n < 1:
+        return []
+    first, lo, hi = [0], 1, n - 1
+    while len(first) < n:  # 0, 1, n-1, 2, n-2, ...
+        if len(first) % 2:
+            first.append(lo)
+            lo += 1
+        else:
+            first.append(hi)
+            hi -= 1
+    orders = [[(x + i) % n for x in first] for i in range(n)]
+    if n % 2 and n > 1:
+        orders += [order[::-1] for order in orders]
+    return orders
+
+
 def cuda_time_ms_interleaved(fns: dict[str, Callable[[dict], object]], sets: list[dict], warmup: int, iters: int,
                              errors: Optional[dict[str, str]] = None, burst: int = 3) -> dict[str, float]:
     """Median GPU time per call of each of ``fns`` with the host ahead of the GPU, as in a
@@ -160,9 +184,10 @@ def cuda_time_ms_interleaved(fns: dict[str, Callable[[dict], object]], sets: lis
     turn, each behind the same GPU sleep, long enough for the slowest function's host to
     issue its whole burst (1.5x its burst's host time, measured on the warm-up calls, +
     0.2 ms). Rounds make clock and thermal drift during a row hit every mode alike, and the
-    order of the functions rotates from round to round so that none always follows the same
-    neighbour (two runs of one kernel placed first and second in every round differed by up
-    to 5 % at 16k tokens). ``burst=1`` is one synced call per sample with no sleep: it adds the
+    order of the functions changes from round to round (``round_orders``) so that each opens
+    rounds and follows every other equally often over a cycle of orders (two runs of one kernel
+    placed first and second in every round differed by up to 5 % at 16k tokens; a burst after a
+    power-hungry neighbour runs at a lower clock). ``burst=1`` is one synced call per sample with no sleep: it adds the
     host's issue latency to every call. A function that raises is dropped (its error goes to
     ``errors``) and the others go on."""
     if burst < 1:
@@ -184,9 +209,9 @@ def cuda_time_ms_interleaved(fns: dict[str, Callable[[dict], object]], sets: lis
     lead_cycles = int(SLEEP_CLOCK_HZ * (1.5 * burst * max(host_s.values(), default=0.0) + 2e-4))
     times: dict[str, list[float]] = {name: [] for name in live}
     names = list(live)
+    orders = round_orders(len(names))
     for i in range(iters if names else 0):
-        k = i % len(names)
-        for name in names[k:] + names[:k]:
+        for name in (names[j] for j in orders[i % len(orders)]):
             fn = live.get(name)
             if fn is None:  # dropped after raising in an earlier round
                 continue

@@ -317,3 +317,51 @@ def test_nondeterministic_per_schedule_modes_are_opt_in():
     assert {"dash_nondet", "dash_nondet_fa3", "dash_auto_det", "torch_cudnn"} <= set(default)
     causal = bench.Shape.paper(2048, 64, True)
     assert not bench.mode_applies("dash_nondet_shift", causal) and bench.mode_applies("dash_nondet_descending", causal)
+
+
+@pytest.mark.parametrize("n", range(1, 14))
+def test_round_orders_balance_first_places_and_neighbours(n):
+    """Every round order is a permutation; over one cycle every mode opens a round equally often
+    and directly follows every other mode equally often (a burst's clock depends on the power
+    its predecessor drew; the cyclic rotation kept one predecessor per mode)."""
+    from collections import Counter
+
+    orders = bench.round_orders(n)
+    assert len(orders) == (2 * n if n % 2 and n > 1 else n)
+    assert all(sorted(order) == list(range(n)) for order in orders)
+    firsts = Counter(order[0] for order in orders)
+    assert set(firsts) == set(range(n)) and len(set(firsts.values())) == 1
+    follows = Counter((a, b) for order in orders for a, b in zip(order, order[1:]))
+    assert len(follows) == n * (n - 1)  # every ordered pair of distinct modes
+    assert len(set(follows.values())) <= 1
+
+
+def test_interleaved_timer_runs_each_mode_once_per_round_in_round_orders(monkeypatch):
+    """cuda_time_ms_interleaved's rounds follow round_orders (checked without a GPU: the CUDA
+    calls are replaced by stand-ins that record the order of the calls)."""
+    calls = []
+
+    class Event:
+        def __init__(self, **_):
+            pass
+
+        def record(self):
+            pass
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, other):
+            return 1.0
+
+    monkeypatch.setattr(bench.torch.cuda, "Event", Event)
+    monkeypatch.setattr(bench.torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(bench.torch.cuda, "_sleep", lambda cycles: None)
+    names = ["a", "b", "c", "d", "e"]
+    fns = {name: (lambda s, name=name: calls.append(name)) for name in names}
+    warmup, iters, burst = 2, 10, 3
+    ms = bench.cuda_time_ms_interleaved(fns, [{}], warmup, iters, burst=burst)
+    assert ms == {name: 1.0 / burst for name in names}
+    timed = calls[warmup * len(names):]
+    rounds = [timed[i:i + burst * len(names)][::burst] for i in range(0, len(timed), burst * len(names))]
+    assert rounds == [[names[j] for j in order] for order in bench.round_orders(len(names))[:iters]]

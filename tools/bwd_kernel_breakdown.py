@@ -9,7 +9,7 @@ Then, without the profiler, it calls the mode back to back for ``--clock-seconds
 ``nvidia-smi`` samples the SM clock and the power draw every 50 ms, and reports their medians
 over that window: a kernel that is slower in the benchmark than under ncu (one launch, no
 sustained load) can so be told apart from one that runs at a lower clock. Modes run in rounds
-(every mode once per round, order rotated) as in bench.py.
+(every mode once per round, in bench.round_orders' orders) as in bench.py.
 """
 
 import argparse
@@ -150,7 +150,8 @@ def main() -> int:
                     acc: dict[str, list[dict]] = defaultdict(list)
                     clocks: dict[str, list[dict]] = defaultdict(list)
                     for r in range(a.rounds):
-                        order = modes[r % len(modes):] + modes[:r % len(modes)]
+                        orders = bench.round_orders(len(modes))  # each mode behind every other alike
+                        order = [modes[j] for j in orders[r % len(orders)]]
                         for m in order:
                             acc[m].append(profile_calls(available[m], s, a.calls))
                             if a.clock_seconds > 0:

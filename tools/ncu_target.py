@@ -17,8 +17,12 @@ kernel on first use, inside the warm-up calls, so the profiled call is never a c
 "det" runs the backward deterministically (deterministic=True: DASH's schedule "auto").
 """
 import sys
+from pathlib import Path
 
 import torch
+
+# Run as a script from anywhere: DASH from this checkout (a source tree with its built kernels).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 if len(sys.argv) < 5 or sys.argv[1] not in ("dash", "fa3", "fa4") or sys.argv[2] not in ("fwd", "bwd") \
         or sys.argv[4] not in ("full", "causal"):

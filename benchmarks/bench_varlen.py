@@ -136,11 +136,12 @@ def results_meta(device: str, date: str, torch_version: str, iters: int) -> dict
     bench_fwd's and bench_bwd's files; ``checkout_describe`` is None when the run is not from a git
     checkout (e.g. a copy of the tree holding another build)."""
     from dash._ext import manifest
+    from dash.bench import ROUND_ORDERS
 
     build = manifest()
     return {"kind": "varlen", "device": device, "date": date, "torch": torch_version, "tokens": TOKENS,
-            "hidden": HIDDEN, "iters": iters, "commit": build.get("git_commit"), **_bench.code_identity(ROOT),
-            "build": build}
+            "hidden": HIDDEN, "iters": iters, "round_orders": ROUND_ORDERS, "commit": build.get("git_commit"),
+            **_bench.code_identity(ROOT), "build": build}
 
 
 def main(argv=None) -> int:

@@ -155,6 +155,12 @@ def back_to_back(fn: Callable[[], object], seconds: float) -> tuple[float, float
 SLEEP_CLOCK_HZ = 2.0e9
 
 
+#: How cuda_time_ms_interleaved orders the modes of a round, recorded in every results file
+#: (``environment()["round_orders"]``): files without the field were timed with a cyclic rotation,
+#: which kept each mode behind the same neighbour (see round_orders).
+ROUND_ORDERS = "williams"
+
+
 def round_orders(n: int) -> list[list[int]]:
     """Orders of ``n`` modes for successive rounds of ``cuda_time_ms_interleaved`` (a Williams
     design). Over one cycle of the returned orders every mode opens a round equally often and
@@ -546,6 +552,7 @@ def environment() -> dict:
         "checkout_head": head,
         **code_identity(),
         "build": manifest(),
+        "round_orders": ROUND_ORDERS,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "host": platform.node(),
     }

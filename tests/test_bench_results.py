@@ -108,6 +108,7 @@ def test_environment_records_the_code(monkeypatch):
     assert env["device"] == "NVIDIA H200"
     assert {"commit", "checkout_head", "checkout_describe", "code_sha256", "code_sha256_of"} <= set(env)
     assert env["code_sha256"] == _bench.code_identity()["code_sha256"]
+    assert env["round_orders"] == "williams"  # which timer ordering produced the file
 
 
 # ---------------------------------------------------------------------------------------

@@ -156,8 +156,10 @@ SLEEP_CLOCK_HZ = 2.0e9
 
 
 #: How cuda_time_ms_interleaved orders the modes of a round, recorded in every results file
-#: (``environment()["round_orders"]``): files without the field were timed with a cyclic rotation,
-#: which kept each mode behind the same neighbour (see round_orders).
+#: (``environment()["round_orders"]``, bench_varlen's ``meta``). Files written before it was
+#: recorded (before 6490478) were timed with a cyclic rotation, which kept each mode behind the
+#: same neighbour (see round_orders), except
+#: benchmarks/results/2026-12-06-NVIDIA-H100-80GB-HBM3-fwd-round-orders.json (field added by hand).
 ROUND_ORDERS = "williams"
 
 
@@ -166,7 +168,13 @@ def round_orders(n: int) -> list[list[int]]:
     design). Over one cycle of the returned orders every mode opens a round equally often and
     runs directly after every other mode equally often: once each for an even ``n`` (n orders),
     twice for an odd one (2n orders: the n orders and their reverses). A cyclic rotation of one
-    order would keep each mode behind the same neighbour in every round it does not open."""
+    order would keep each mode behind the same neighbour in every round it does not open.
+
+    The balance is exact over whole cycles only; a run of fewer rounds (the benchmarks' default
+    10-12 rounds for 7-13 modes) leaves some ordered pairs out, though each mode still follows
+    several different neighbours. Across rounds, the last mode of one round precedes the first
+    of the next (for odd n after a reversed order, the same mode), with a GPU sync and sleep
+    between them as between any two modes."""
     if n < 1:
         return []
     first, lo, hi = [0], 1, n - 1

@@ -421,6 +421,29 @@ def test_auto_schedule_under_torch_compile_with_dynamic_shapes(det):
         assert len(graphs) <= 6, f"the non-deterministic rule should not specialise per shape: {len(graphs)} graphs"
 
 
+def test_nondeterministic_auto_under_torch_compile_at_hdim_128():
+    """The non-deterministic rule's hdim-128 branches (shift from 16384 queries under a full mask
+    where shift_lanes allows, interleaved below 2048 under a causal one) traced on symbolic sizes
+    pick what eager mode picks."""
+    shapes = [(1, 16384, 16384, 2, 2), (1, 8192, 8192, 2, 2), (1, 20000, 40000, 2, 1), (2, 1024, 1024, 2, 2),
+              (1, 3000, 3000, 2, 2)]
+    torch._dynamo.reset()
+    try:
+        compiled = torch.compile(_schedule_index, fullgraph=True, dynamic=True)
+        seen = set()
+        for causal in (True, False):
+            for b, sq, sk, h, hk in shapes:
+                q = torch.empty(b, sq, h, 128, dtype=torch.bfloat16)
+                k = torch.empty(b, sk, hk, 128, dtype=torch.bfloat16)
+                eager = ops.resolve_schedule("auto", q, k, causal, False, 0)
+                got = KERNEL_SCHEDULES[int(compiled(q, k, causal, False))]
+                assert got == eager, (causal, b, sq, sk, h, hk, got, eager)
+                seen.add(eager)
+    finally:
+        torch._dynamo.reset()
+    assert seen == {"shift", "fa3", "interleaved", "descending"}, seen
+
+
 @pytest.mark.parametrize("det", [True, False], ids=["deterministic", "nondeterministic"])
 def test_auto_schedule_under_symbolic_tracing_outside_dynamo(det):
     """make_fx / non-strict export trace with SymInts outside Dynamo: auto specialises them

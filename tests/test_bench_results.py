@@ -360,9 +360,30 @@ def test_interleaved_timer_runs_each_mode_once_per_round_in_round_orders(monkeyp
     monkeypatch.setattr(bench.torch.cuda, "_sleep", lambda cycles: None)
     names = ["a", "b", "c", "d", "e"]
     fns = {name: (lambda s, name=name: calls.append(name)) for name in names}
-    warmup, iters, burst = 2, 10, 3
+    warmup, iters, burst = 2, 13, 3  # 13 rounds: past the 10 orders of a cycle, so it wraps around
     ms = bench.cuda_time_ms_interleaved(fns, [{}], warmup, iters, burst=burst)
     assert ms == {name: 1.0 / burst for name in names}
     timed = calls[warmup * len(names):]
     rounds = [timed[i:i + burst * len(names)][::burst] for i in range(0, len(timed), burst * len(names))]
-    assert rounds == [[names[j] for j in order] for order in bench.round_orders(len(names))[:iters]]
+    orders = bench.round_orders(len(names))
+    assert rounds == [[names[j] for j in orders[i % len(orders)]] for i in range(iters)]
+
+    # A mode that starts raising is dropped (its samples too); the others keep their places in the
+    # later orders.
+    calls.clear()
+    errors: dict = {}
+
+    def flaky(s, seen=[]):
+        seen.append(1)
+        if len(seen) > 2 + 2 * burst:  # the warm-ups and two rounds' bursts succeed
+            raise RuntimeError("out of memory")
+        calls.append("c")
+
+    fns["c"] = flaky
+    ms = bench.cuda_time_ms_interleaved(fns, [{}], warmup, iters, errors=errors, burst=burst)
+    assert set(ms) == set(names) - {"c"} and errors == {"c": "RuntimeError: out of memory"}
+    timed = calls[warmup * len(names):]
+    expected = []
+    for i in range(iters):
+        expected += [n for n in (names[j] for j in orders[i % len(orders)]) if n != "c" or i < 2]
+    assert [timed[i] for i in range(0, len(timed), burst)] == expected

@@ -55,4 +55,5 @@ def test_results_meta_names_the_kernels_commit_and_the_code():
     meta = b.results_meta("GPU X", "2026-12-06T00:00:00+00:00", "2.x", 10)
     assert meta["kind"] == "varlen" and meta["device"] == "GPU X" and meta["iters"] == 10
     assert meta["commit"] == manifest().get("git_commit") and meta["build"] == manifest()
+    assert meta["round_orders"] == "williams"  # which timer ordering produced the file
     assert len(meta["code_sha256"]) == 16 and "checkout_describe" in meta

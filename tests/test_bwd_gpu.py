@@ -185,13 +185,13 @@ def test_deterministic_mode_really_orders_the_reduction():
     gives other bits from run to run, with them never; otherwise the tests above would prove
     nothing about the semaphore protocol.
 
-    The order is forced to fa3's: non-deterministic auto picks shift here, which starts the
-    running columns of a head at different Q tiles, so their adds to one dQ tile are far apart
-    in time and may land in the same order every run (a skip, before). fa3's order starts every
-    column of a head at Q tile 0 and walks the tiles in step: at hdim 128, full mask, 4096
-    keys, each dQ tile of 64 rows takes its 32 columns' fp32 reduce-adds within about one step
-    of each other (132 SMs run the 32 columns of 4 of the 16 heads at once), 1024 tiles of
-    them. Two runs whose add orders differ anywhere differ in the last fp32 bits of most of
+    The order is forced to fa3's (non-deterministic auto picked shift here until 2026-12-06;
+    shift starts the running columns of a head at different Q tiles, so their adds to one dQ
+    tile are far apart in time and may land in the same order every run: a skip, before).
+    fa3's order starts every column of a head at Q tile 0 and walks the tiles in step: at hdim
+    128, full mask, 4096 keys, each dQ tile of 80 rows takes its 32 columns' fp32 reduce-adds
+    within about one step of each other (132 SMs run the 32 columns of 4 of the 16 heads at
+    once), 832 tiles of them (52 per head). Two runs whose add orders differ anywhere differ in the last fp32 bits of most of
     that tile's sums and, rounded to bf16, in about 2**-15 of the 8.4M dq elements (hundreds
     per run pair), so 30 runs that all equal the first mean the adds are ordered anyway."""
     seed = _seed("nondet")

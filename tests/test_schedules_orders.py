@@ -242,7 +242,8 @@ def test_non_deterministic_auto_order():
         for args in [(2, 16, 16, 8192, 8192, 128, True), (2, 32, 8, 4096, 4096, 128, True),
                      (1, 2, 2, 2048, 8192, 64, True), (8, 32, 32, 2048, 2048, 64, True)]:
             assert pick(args, ctas) == "descending", args
-        for args in [(32, 16, 16, 512, 512, 128, True), (16, 16, 16, 2047, 2047, 128, True), (1, 2, 2, 64, 8192, 128, True)]:
+        for args in [(32, 16, 16, 512, 512, 128, True), (16, 16, 16, 2047, 2047, 128, True),
+                     (1, 2, 2, 64, 8192, 128, True)]:
             assert pick(args, ctas) == "interleaved", args
         for args in [(16, 32, 32, 1024, 1024, 64, True), (1, 2, 2, 2047, 8192, 64, True)]:
             assert pick(args, ctas) == "fa3", args
@@ -257,12 +258,18 @@ def test_non_deterministic_auto_order():
     # 16384 queries = 205 Q tiles, 65536 keys = 512 key columns, of which min(512, ctas) run.
     assert pick((1, 2, 2, 16384, 65536, 128, False), 300) == "fa3"
     assert pick((1, 2, 2, 16384, 65536, 128, False), 205) == "shift"
-    # Where it picks shift, the choice agrees with what validation accepts for schedule="shift".
-    from dash.config import bwd_tile_config
-    cfg = bwd_tile_config(128, False)
-    for sq, sk, ctas in [(16384, 65536, 300), (16384, 16384, 132), (20000, 300, 7), (16384, 200000, 206)]:
-        runs = min(-(-sk // cfg.block_n), ctas) <= -(-sq // cfg.block_m)
-        assert (nondeterministic_kernel_schedule(sq, sk, 128, False, ctas) == "shift") == runs, (sq, sk, ctas)
+    # Where it may pick shift (hdim 128 full from 16384 queries), it does exactly where validation
+    # accepts schedule="shift" on that grid: both ask dash.config.shift_lanes (validation raises
+    # when lanes > Q tiles), and the cases straddle that line both ways.
+    from dash.config import shift_lanes
+    accepted_seen = set()
+    for sq, sk, ctas in [(16384, 65536, 300), (16384, 16384, 132), (20000, 300, 7), (16384, 200000, 206),
+                         (16384, 200000, 205)]:
+        lanes, q_tiles = shift_lanes(sq, sk, 128, ctas)
+        accepted_seen.add(lanes <= q_tiles)
+        assert (nondeterministic_kernel_schedule(sq, sk, 128, False, ctas) == "shift") == (lanes <= q_tiles), \
+            (sq, sk, ctas)
+    assert accepted_seen == {True, False}
 
 
 def test_deterministic_auto_candidates():

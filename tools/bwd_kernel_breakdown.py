@@ -150,7 +150,7 @@ def main() -> int:
                     acc: dict[str, list[dict]] = defaultdict(list)
                     clocks: dict[str, list[dict]] = defaultdict(list)
                     for r in range(a.rounds):
-                        orders = bench.round_orders(len(modes))  # each mode behind every other alike
+                        orders = bench.round_orders(len(modes))  # varied predecessors (balanced over whole cycles)
                         order = [modes[j] for j in orders[r % len(orders)]]
                         for m in order:
                             acc[m].append(profile_calls(available[m], s, a.calls))

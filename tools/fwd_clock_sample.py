@@ -72,7 +72,7 @@ def main() -> int:
                             available[lib](q, k, v, causal, False)
                     torch.cuda.synchronize()
                     for r in range(a.rounds):
-                        orders = bench.round_orders(len(libs))  # each library behind every other alike
+                        orders = bench.round_orders(len(libs))  # varied predecessors (balanced over whole cycles)
                         order = [libs[j] for j in orders[r % len(orders)]]
                         for lib in order:
                             fn = available[lib]

@@ -265,12 +265,17 @@ def choose_kernel_schedule(batch: int, heads: int, heads_kv: int, seqlen_q: int,
 #: the H200 grid of that day (benchmarks/results/2026-12-06-NVIDIA-H200-bwd.json, its dash_nondet
 #: = shift and dash_nondet_fa3 columns): fa3 order / shift, full masks:
 #: hdim 64 512-16k 1.014-1.037 (no row below), hdim 128 512 1.090-1.094, 1k-8k 1.006-1.041, but
-#: 16k 0.964 / 0.982 / 0.994 (shift ahead in all three runs). Causal, fa3 order / interleaved:
+#: 16k 0.964 / 0.982 / 0.994 / 1.012 (shift ahead in three of four runs: a coin flip within the
+#: 16k rows' noise; kept where it was). Causal, fa3 order / interleaved:
 #: hdim 64 512 1.030, 1k 1.058 (both runs); hdim 128 512 / 1k 0.986-0.992. Descending /
 #: interleaved from 2k: 0.991-1.024 (below 1 only at 2k: 0.991-0.995). Before: 2026-11-30 on
 #: the H200 (kernels of a0464c6), shift / fa3 order 1.003-1.058 on every full row 1k-16k; the
 #: backward has changed since (80-row hdim-128 full tile, per-warpgroup dQ release, LSE loads),
-#: and so did the ranking.
+#: and so did the ranking. All of these were timed with the cyclic round order (before d1b90e7,
+#: bench.round_orders), which keeps each mode behind one neighbour; the lists of modes differed
+#: between the H100 runs and the H200 grid (other neighbours) and gave the same ranking, except
+#: at hdim 128 full 16k. The 2048 threshold is the earlier runs'; at 2k interleaved's order was
+#: 0.5-0.9 % ahead of descending's in these runs (4k-16k: descending 0.7-2.4 % ahead).
 #: Non-deterministic ``auto`` under a causal mask: ``descending`` from this many queries on.
 NONDET_CAUSAL_DESCENDING_MIN_SEQLEN = 2048
 #: Non-deterministic ``auto`` under a full mask at hdim 128: ``shift`` (where it runs) from

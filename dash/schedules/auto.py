@@ -286,7 +286,8 @@ NONDET_FULL_SHIFT_MIN_SEQLEN_HDIM128 = 16384
 def nondeterministic_kernel_schedule(seqlen_q, seqlen_k, head_dim: int, causal: bool, ctas: int) -> str:
     """Non-deterministic ``auto`` (the measured rule of ``choose_kernel_schedule``). Only size
     comparisons: traced by torch.compile on symbolic sizes it adds guards on size ranges
-    instead of one graph per shape."""
+    instead of one graph per shape. ``head_dim > 64`` stands for hdim 128, the only other head dim
+    built (SUPPORTED_HEAD_DIMS); a new head dim needs its own measurements here."""
     if causal:
         if seqlen_q >= NONDET_CAUSAL_DESCENDING_MIN_SEQLEN:
             return "descending"

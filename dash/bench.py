@@ -191,6 +191,12 @@ def round_orders(n: int) -> list[list[int]]:
     return orders
 
 
+def in_round_order(items: list, round_index: int) -> list:
+    """``items`` in the order ``round_orders`` gives round ``round_index`` (cycling)."""
+    orders = round_orders(len(items))
+    return [items[j] for j in orders[round_index % len(orders)]] if orders else []
+
+
 def cuda_time_ms_interleaved(fns: dict[str, Callable[[dict], object]], sets: list[dict], warmup: int, iters: int,
                              errors: Optional[dict[str, str]] = None, burst: int = 3) -> dict[str, float]:
     """Median GPU time per call of each of ``fns`` with the host ahead of the GPU, as in a
@@ -201,8 +207,8 @@ def cuda_time_ms_interleaved(fns: dict[str, Callable[[dict], object]], sets: lis
     order of the functions changes from round to round (``round_orders``) so that each opens
     rounds and follows every other equally often over a cycle of orders (two runs of one kernel
     placed first and second in every round differed by up to 5 % at 16k tokens; a burst after a
-    power-hungry neighbour runs at a lower clock). ``burst=1`` is one synced call per sample with no sleep: it adds the
-    host's issue latency to every call. A function that raises is dropped (its error goes to
+    power-hungry neighbour runs at a lower clock). ``burst=1`` is one synced call per sample with
+    no sleep: it adds the host's issue latency to every call. A function that raises is dropped (its error goes to
     ``errors``) and the others go on."""
     if burst < 1:
         raise ValueError(f"burst must be >= 1, got {burst}")
@@ -223,9 +229,8 @@ def cuda_time_ms_interleaved(fns: dict[str, Callable[[dict], object]], sets: lis
     lead_cycles = int(SLEEP_CLOCK_HZ * (1.5 * burst * max(host_s.values(), default=0.0) + 2e-4))
     times: dict[str, list[float]] = {name: [] for name in live}
     names = list(live)
-    orders = round_orders(len(names))
     for i in range(iters if names else 0):
-        for name in (names[j] for j in orders[i % len(orders)]):
+        for name in in_round_order(names, i):
             fn = live.get(name)
             if fn is None:  # dropped after raising in an earlier round
                 continue

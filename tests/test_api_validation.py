@@ -380,6 +380,21 @@ def _schedule_index(q, k, causal, det):
     return q.new_zeros(()) + KERNEL_SCHEDULES.index(ops.resolve_schedule("auto", q, k, causal, det, 0))
 
 
+def _compiled_auto_matches_eager(compiled, shapes, head_dim: int, det: bool) -> set:
+    """Calls ``compiled`` (``_schedule_index`` under torch.compile) on every (b, sq, sk, h, hk) of
+    ``shapes`` under both masks, asserts each pick equals eager mode's, and returns the picks."""
+    seen = set()
+    for causal in (True, False):
+        for b, sq, sk, h, hk in shapes:
+            q = torch.empty(b, sq, h, head_dim, dtype=torch.bfloat16)
+            k = torch.empty(b, sk, hk, head_dim, dtype=torch.bfloat16)
+            eager = ops.resolve_schedule("auto", q, k, causal, det, 0)
+            got = KERNEL_SCHEDULES[int(compiled(q, k, causal, det))]
+            assert got == eager, (det, causal, b, sq, sk, h, hk, head_dim, got, eager)
+            seen.add(eager)
+    return seen
+
+
 @pytest.mark.parametrize("det", [True, False], ids=["deterministic", "nondeterministic"])
 def test_auto_schedule_under_torch_compile_with_dynamic_shapes(det):
     """Under torch.compile with dynamic shapes the sizes are symbolic while tracing; auto must
@@ -402,15 +417,7 @@ def test_auto_schedule_under_torch_compile_with_dynamic_shapes(det):
     try:
         with torch._dynamo.config.patch(**{limit: 64}):
             compiled = torch.compile(_schedule_index, fullgraph=True, dynamic=True, backend=backend)
-            seen = set()
-            for causal in (True, False):
-                for b, sq, sk, h, hk in shapes:
-                    q = torch.empty(b, sq, h, 64, dtype=torch.bfloat16)
-                    k = torch.empty(b, sk, hk, 64, dtype=torch.bfloat16)
-                    eager = ops.resolve_schedule("auto", q, k, causal, det, 0)
-                    got = KERNEL_SCHEDULES[int(compiled(q, k, causal, det))]
-                    assert got == eager, (det, causal, b, sq, sk, h, hk, got, eager)
-                    seen.add(eager)
+            seen = _compiled_auto_matches_eager(compiled, shapes, 64, det)
     finally:
         torch._dynamo.reset()
     assert len(seen) >= 2, f"the shapes must get different picks for this test to mean anything: {seen}"
@@ -430,15 +437,7 @@ def test_nondeterministic_auto_under_torch_compile_at_hdim_128():
     torch._dynamo.reset()
     try:
         compiled = torch.compile(_schedule_index, fullgraph=True, dynamic=True)
-        seen = set()
-        for causal in (True, False):
-            for b, sq, sk, h, hk in shapes:
-                q = torch.empty(b, sq, h, 128, dtype=torch.bfloat16)
-                k = torch.empty(b, sk, hk, 128, dtype=torch.bfloat16)
-                eager = ops.resolve_schedule("auto", q, k, causal, False, 0)
-                got = KERNEL_SCHEDULES[int(compiled(q, k, causal, False))]
-                assert got == eager, (causal, b, sq, sk, h, hk, got, eager)
-                seen.add(eager)
+        seen = _compiled_auto_matches_eager(compiled, shapes, 128, False)
     finally:
         torch._dynamo.reset()
     assert seen == {"shift", "fa3", "interleaved", "descending"}, seen

@@ -150,9 +150,7 @@ def main() -> int:
                     acc: dict[str, list[dict]] = defaultdict(list)
                     clocks: dict[str, list[dict]] = defaultdict(list)
                     for r in range(a.rounds):
-                        orders = bench.round_orders(len(modes))  # varied predecessors (balanced over whole cycles)
-                        order = [modes[j] for j in orders[r % len(orders)]]
-                        for m in order:
+                        for m in bench.in_round_order(modes, r):
                             acc[m].append(profile_calls(available[m], s, a.calls))
                             if a.clock_seconds > 0:
                                 # The profiled calls last milliseconds, less than one sample of

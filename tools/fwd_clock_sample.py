@@ -6,8 +6,8 @@ For each shape, every library's forward (``benchmarks/bench_fwd.py``'s: DASH's
 ``flash_attn_func``, torch cuDNN, FA3 / FA4 when importable; inputs requiring grad, as a
 training step's forward) is called back to back for ``--seconds`` while ``nvidia-smi`` samples
 the SM clock and the power draw every 50 ms (``tools/bwd_kernel_breakdown.py``'s sampler).
-Libraries take turns, in rounds in ``bench.round_orders``' orders. Per library it prints the time per call
-(wall time of the window over the calls in it, the host far ahead of the GPU), the TFLOP/s that
+Libraries take turns, in rounds in ``bench.round_orders``' orders. Per library it prints the time
+per call (wall time of the window over the calls in it, the host far ahead of the GPU), the TFLOP/s that
 gives, and the medians of clock and power over the window; then the time ratio to DASH at equal
 clock (time x MHz), which says how much of a gap is cycles and how much is clock.
 
@@ -72,9 +72,7 @@ def main() -> int:
                             available[lib](q, k, v, causal, False)
                     torch.cuda.synchronize()
                     for r in range(a.rounds):
-                        orders = bench.round_orders(len(libs))  # varied predecessors (balanced over whole cycles)
-                        order = [libs[j] for j in orders[r % len(orders)]]
-                        for lib in order:
+                        for lib in bench.in_round_order(libs, r):
                             fn = available[lib]
                             time.sleep(0.3)  # let the previous library's clock state settle a little
                             t0, t1, n = bench.back_to_back(lambda: fn(q, k, v, causal, False), a.seconds)

@@ -128,8 +128,18 @@ def test_shift_kernel_schedule_equals_the_model_random_grids(probe, n, m_extra, 
 
 @pytest.mark.parametrize("sq, hdim, bh", [(512, 64, 1024), (2048, 64, 256), (8192, 128, 32), (16384, 128, 16),
                                           (1, 64, 1), (100000, 128, 3), (4096, 64, 5)])
-def test_l2_sections_equal_the_model(probe, sq, hdim, bh):
-    assert probe.dash_l2_section_heads(sq, hdim, bh) == l2_section_heads(sq, hdim, bh)
+@pytest.mark.parametrize("full_mask_q_tiles", [0, 1, 4, 7, 13, 26, 264, 265, 1250])
+def test_l2_sections_equal_the_model(probe, sq, hdim, bh, full_mask_q_tiles):
+    assert probe.dash_l2_section_heads(sq, hdim, bh, full_mask_q_tiles) == \
+        l2_section_heads(sq, hdim, bh, full_mask_q_tiles)
+
+
+@pytest.mark.parametrize("q_tiles, want", [(4, 64), (7, 32), (8, 32), (13, 16), (26, 8), (132, 2), (264, 1), (1000, 1)])
+def test_full_mask_sections_stagger_a_heads_columns_by_about_two_steps(q_tiles, want):
+    """Under a full mask the width is the largest power of two <= 264 / M (two steps of claims
+    on 132 CTAs), whatever the L2 budget would allow (0.25 MiB per head here: 128 heads)."""
+    assert l2_section_heads(512, 64, 4096, q_tiles) == want
+    assert l2_section_heads(512, 64, 4096, 0) == 128  # causal: the budget alone
 
 
 @settings(max_examples=80, deadline=None)

@@ -94,14 +94,30 @@ struct TileGeometryT : Blocks {
 
 using TileGeometry = TileGeometryT<RuntimeBlocks>;
 
-// L2 working set of one head while its columns run: every column reads all of the head's
-// Q and dO tiles (bf16) and reduce-adds into all of its fp32 dQaccum tiles.
-DASH_HOST_DEVICE int l2_section_heads(int seqlen_q, int head_dim, int batch_heads) {
+// Heads per L2 section of the interleaved claim orders. The budget: every column reads all of
+// the head's Q and dO tiles (bf16) and reduce-adds into all of its fp32 dQaccum tiles.
+//
+// Under a full mask (full_mask_q_tiles = M, the Q tiles of every column; 0 under a causal
+// mask) the width is also capped at the largest power of two <= kSectionStaggerClaims / M.
+// Columns of one head are claimed `section_heads` items apart; on P CTAs that each finish a
+// column every M steps, claims come P / M per step, so consecutive columns of a head start
+// about section_heads * M / P steps apart. Two steps are enough for a deterministic run's
+// column n to reach each dQ tile after column n-1 has added there; a wider section only
+// keeps more heads in flight: at hdim 128 full 512 (M = 7) the uncapped 64 heads moved 1.75x
+// the DRAM bytes of FA3's order on an H100 (ncu, 2026-12-06) and ran 0.82x as fast
+// deterministically; capped at 32, 1.03x (0.98x the non-deterministic backward).
+// kSectionStaggerClaims = 2 steps * 132 CTAs (the H100/H200 SXM grid) keeps the width a
+// function of the shape alone. The width never changes the bits: it reorders claims, not
+// turns.
+constexpr int kSectionStaggerClaims = 2 * 132;
+
+DASH_HOST_DEVICE int l2_section_heads(int seqlen_q, int head_dim, int batch_heads, int full_mask_q_tiles) {
   // 32 MiB of the 50 MiB L2 (H100/H200), leaving room for K/V, LSE/D and other work.
   long long const budget = 32ll << 20;
   long long const per_head = 8ll * seqlen_q * head_dim;  // Q + dO (2 B each) + dQaccum (4 B)
+  int const stagger_cap = full_mask_q_tiles > 0 ? max_int(kSectionStaggerClaims / full_mask_q_tiles, 1) : (1 << 30);
   int w = 1;
-  while (w < batch_heads && 2ll * w * per_head <= budget) { w *= 2; }
+  while (w < batch_heads && 2ll * w * per_head <= budget && 2 * w <= stagger_cap) { w *= 2; }
   return min_int(w, max_int(batch_heads, 1));
 }
 
@@ -286,7 +302,8 @@ DASH_HOST_DEVICE ClaimedSchedule<Geometry> make_claimed_schedule(BwdScheduleKind
   s.num_batch = num_batch;
   s.section_heads = kind == BwdScheduleKind::kFa3
                         ? 1
-                        : l2_section_heads(geo.seqlen_q, head_dim, num_heads * num_batch);
+                        : l2_section_heads(geo.seqlen_q, head_dim, num_heads * num_batch,
+                                           geo.causal ? 0 : geo.num_m_blocks());
   // FA3's causal deterministic order: shortest columns first with descending turns (the
   // order in which its columns reach a tile). Descending visits go longest first with
   // ascending turns: every column starts at the last tile, column n right after n-1.

@@ -323,7 +323,7 @@ def rank_kernel_schedules(batch: int, heads: int, heads_kv: int, seqlen_q: int, 
     part_batch = min(batch, max(1, -(-want_heads // heads)))
     part = Problem(part_batch, part_heads, seqlen_q, seqlen_k, head_dim=head_dim,
                    heads_kv=part_heads // group, causal=causal)
-    sw = l2_section_heads(seqlen_q, head_dim, batch * heads)
+    sw = l2_section_heads(seqlen_q, head_dim, batch * heads, 0 if causal else -(-seqlen_q // bm))
     costs = kernel_costs(head_dim, causal)
     depth = kernel_pipeline_depth(head_dim, causal)
     chains = kernel_dq_chains(head_dim, causal)

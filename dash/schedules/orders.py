@@ -195,15 +195,23 @@ def _items(tiling: Tiling, kind: str, reverse: bool) -> np.ndarray:
 #: L2 bytes the heads of one claim section may occupy (32 MiB of the 50 MiB of an H100/H200).
 L2_SECTION_BUDGET_BYTES = 32 << 20
 
+#: Under a full mask a section is at most this many claims divided by the Q tiles of a column
+#: wide (a power of two): 2 steps of stagger between a head's consecutive columns on the 132
+#: CTAs of an H100/H200 SXM (``kSectionStaggerClaims`` in csrc/schedule/schedule.h, which says why).
+SECTION_STAGGER_CLAIMS = 2 * 132
 
-def l2_section_heads(seqlen_q: int, head_dim: int, batch_heads: int) -> int:
+
+def l2_section_heads(seqlen_q: int, head_dim: int, batch_heads: int, full_mask_q_tiles: int = 0) -> int:
     """Heads per L2 section of the interleaved claim order (``l2_section_heads`` in
     csrc/schedule/schedule.h): the largest power of two whose heads' Q, dO (2 bytes each) and
     fp32 dQaccum (8 * seqlen_q * head_dim bytes per head) fit the budget, at most
-    ``batch_heads``, at least 1. A pure function of the shape, never of the grid."""
+    ``batch_heads``, at least 1; under a full mask (``full_mask_q_tiles`` = the Q tiles of
+    every column, 0 under a causal mask) also at most ``SECTION_STAGGER_CLAIMS //
+    full_mask_q_tiles``. A pure function of the shape, never of the grid."""
     per_head = 8 * int(seqlen_q) * int(head_dim)
+    cap = max(SECTION_STAGGER_CLAIMS // int(full_mask_q_tiles), 1) if full_mask_q_tiles > 0 else 1 << 30
     w = 1
-    while w < batch_heads and 2 * w * per_head <= L2_SECTION_BUDGET_BYTES:
+    while w < batch_heads and 2 * w * per_head <= L2_SECTION_BUDGET_BYTES and 2 * w <= cap:
         w *= 2
     return int(min(w, max(batch_heads, 1)))
 
@@ -401,7 +409,8 @@ def default_portable_group(tiling: Tiling, items: str) -> int:
 def section_heads_for(tiling: Tiling) -> int:
     """``l2_section_heads`` of a tiling (the longest sequence for varlen)."""
     p = tiling.problem
-    return l2_section_heads(max(p.lengths_q, default=0), p.head_dim, p.batch * p.heads_q)
+    full_mask_q_tiles = 0 if p.mask == MASK_CAUSAL else tiling.mmax
+    return l2_section_heads(max(p.lengths_q, default=0), p.head_dim, p.batch * p.heads_q, full_mask_q_tiles)
 
 
 def recipe_for(tiling: Tiling, schedule: str, *, portable: bool = False, group: int | None = None) -> Recipe:

@@ -64,8 +64,8 @@ int dash_schedule_probe(int kind, int seqlen_q, int seqlen_k, int block_m, int b
                num_steps, visit, turns, items, items_stride);
 }
 
-int dash_l2_section_heads(int seqlen_q, int head_dim, int batch_heads) {
-  return dash::l2_section_heads(seqlen_q, head_dim, batch_heads);
+int dash_l2_section_heads(int seqlen_q, int head_dim, int batch_heads, int full_mask_q_tiles) {
+  return dash::l2_section_heads(seqlen_q, head_dim, batch_heads, full_mask_q_tiles);
 }
 
 // needs_mask(m, n) of the kernel, for the mask test.

@@ -1,13 +1,15 @@
-"""Deterministic ``auto`` against the H200 measurements on record (no GPU needed).
+"""Deterministic ``auto`` against the measurements on record (no GPU needed).
 
 ``tools/model_agreement.py`` recomputes the model's pick for every row of a stored backward
 results file. ``RUNS_OF_CURRENT_KERNELS`` measured every portable schedule with the kernels as
 they have been since the dQ convert runs under the main kernel's tail (5e5dae1), which moved
 the orders' relative speed (``dash.schedules.auto.end_with_dq_convert``); a change to the
 model, its costs or its candidates that makes ``auto`` pick a schedule more than 3 % slower
-than the measured fastest on any of their rows fails here before it reaches a GPU. The earlier
-runs (``RUNS_SINCE_DQ_CHAINS``, kernels b042933 .. 713d4f1, the convert after the main kernel)
-still check the tool's bookkeeping."""
+than the measured fastest on any of their rows fails here before it reaches a GPU. Since
+d8cc23f the interleaved claim orders' L2 sections are narrower under a full mask, which made
+those orders up to 28 % faster there: the H200 runs of 5e5dae1 stand for causal masks only,
+the H100 runs of d8cc23f for both. The earlier runs (``RUNS_SINCE_DQ_CHAINS``, kernels
+b042933 .. 713d4f1, the convert after the main kernel) still check the tool's bookkeeping."""
 
 from __future__ import annotations
 
@@ -34,11 +36,14 @@ RUNS_SINCE_DQ_CHAINS = [
     "2026-12-01-NVIDIA-H200-bwd-fa3-fa4-2b7cf51.json",
     "2026-12-01-NVIDIA-H200-bwd-fa3-fa4-fa3d436.json",
 ]
-RUNS_OF_CURRENT_KERNELS = [
-    "2026-12-03-NVIDIA-H200-bwd-schedules-5e5dae1.json",
-    "2026-12-03-NVIDIA-H200-bwd-schedules-5e5dae1-2.json",
-    "2026-12-03-NVIDIA-H200-bwd-gqa-schedules-5e5dae1.json",
-]
+#: file -> the masks whose rows it still measures (see the module docstring).
+RUNS_OF_CURRENT_KERNELS = {
+    "2026-12-03-NVIDIA-H200-bwd-schedules-5e5dae1.json": ("causal",),
+    "2026-12-03-NVIDIA-H200-bwd-schedules-5e5dae1-2.json": ("causal",),
+    "2026-12-03-NVIDIA-H200-bwd-gqa-schedules-5e5dae1.json": ("causal",),
+    "2026-12-06-NVIDIA-H100-80GB-HBM3-bwd-fa3-fa4-d8cc23f.json": ("full", "causal"),
+    "2026-12-06-NVIDIA-H100-80GB-HBM3-bwd-gqa-fa3-fa4-d8cc23f.json": ("full", "causal"),
+}
 
 
 def _tool():
@@ -48,14 +53,14 @@ def _tool():
     return mod
 
 
-@pytest.mark.parametrize("name", RUNS_OF_CURRENT_KERNELS)
-def test_auto_within_3pct_of_measured_best(name):
+@pytest.mark.parametrize("name, masks", RUNS_OF_CURRENT_KERNELS.items())
+def test_auto_within_3pct_of_measured_best(name, masks):
     res = _tool().agreement_for_file(RESULTS / name)
-    assert res is not None and res["rows"] >= 7
+    rows = [r for r in res["per_row"] if r["shape"].split()[1] in masks]
+    assert res is not None and len(rows) >= 6
     bad = [(r["shape"], r["model_pick"], r["measured_best"], round(r["pick_vs_best"], 3))
-           for r in res["per_row"] if not r["pick_vs_best"] >= 0.97]
+           for r in rows if not r["pick_vs_best"] >= 0.97]
     assert not bad, f"auto more than 3 % slower than the measured best schedule in {name}: {bad}"
-    assert res["auto_within_3pct"] == res["rows"]
 
 
 def test_agreement_counts_are_consistent():
@@ -98,7 +103,7 @@ def test_first_rank_ties_are_exact_model_ties():
 
 
 def test_cli_runs_on_stored_results(capsys):
-    assert _tool().main([str(RESULTS / RUNS_OF_CURRENT_KERNELS[0]), "--rows"]) == 0
+    assert _tool().main([str(RESULTS / "2026-12-06-NVIDIA-H100-80GB-HBM3-bwd-fa3-fa4-d8cc23f.json"), "--rows"]) == 0
     out = capsys.readouterr().out
     assert "within 3 % 24" in out and "hd128 causal s8192" in out
 

@@ -1,0 +1,94 @@
+"""Join results files of benchmarks/bench_bwd.py that one grid was split into (a device call
+runs at most 10 minutes, so a full grid with every anchor may take two runs on one warm
+machine) and recompute the summary, the paired ratios and the model's ranking over all rows.
+
+    python tools/merge_bwd_results.py OUT.json short.json long.json
+
+The files must come from one GPU, the same kernels and the same Python code
+(``environment``: device, sm_count, commit, code_sha256) and the same timing settings
+(``meta``: iters, burst, warmup); otherwise their ratios are not from one run and joining them
+would hide it, so the tool refuses. Rows come in bench_bwd.py's grid order (head dim, full
+before causal, sequence length); a shape present in two files is refused. The output's ``environment`` is the first file's, with the others'
+dates and argv kept under ``meta.merged_from``. Needs no GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from dash import bench  # noqa: E402
+
+SAME_ENVIRONMENT = ("device", "sm_count", "commit", "code_sha256", "round_orders")
+SAME_META = ("kind", "iters", "burst", "warmup")
+
+
+def _rows_payload(rows: list[bench.Row]) -> list[dict]:
+    return [{"shape": dataclasses.asdict(r.shape), "bwd_flops": r.shape.bwd_flops(), "ms": r.ms,
+             "tflops": {m: r.tflops(m) for m in r.ms}, "bitwise_repeatable": r.bitwise, "errors": r.errors}
+            for r in rows]
+
+
+def merge(payloads: list[dict], names: list[str]) -> dict:
+    first = payloads[0]
+    for p, name in zip(payloads[1:], names[1:]):
+        for key in SAME_ENVIRONMENT:
+            if p["environment"].get(key) != first["environment"].get(key):
+                raise SystemExit(f"{name}: environment.{key} is {p['environment'].get(key)!r}, "
+                                 f"{names[0]} has {first['environment'].get(key)!r}: not one run's settings")
+        for key in SAME_META:
+            if p["meta"].get(key) != first["meta"].get(key):
+                raise SystemExit(f"{name}: meta.{key} is {p['meta'].get(key)!r}, {names[0]} has "
+                                 f"{first['meta'].get(key)!r}: not one run's settings")
+    rows: list[bench.Row] = []
+    seen: dict[str, str] = {}
+    for p, name in zip(payloads, names):
+        for row in bench.rows_from_results(p):
+            label = row.shape.label()
+            if label in seen:
+                raise SystemExit(f"{name}: row {label} is also in {seen[label]}")
+            seen[label] = name
+            rows.append(row)
+    rows.sort(key=lambda r: (r.shape.head_dim, r.shape.causal, r.shape.seqlen, r.shape.label()))
+    modes = list(dict.fromkeys(m for r in rows for m in r.ms))
+    # bench.results_payload's layout, with the first file's environment (this machine has no GPU).
+    merged = {
+        "meta": {**{k: first["meta"][k] for k in SAME_META if k in first["meta"]},
+                 "merged_from": [{"file": Path(n).name, "date": p["environment"].get("date"),
+                                  "argv": p["meta"].get("argv")} for p, n in zip(payloads, names)]},
+        "environment": first["environment"],
+        "summary": bench.summary(rows, modes),
+        "rows": _rows_payload(rows),
+    }
+    merged["ratios"] = bench.paired_ratios(rows)
+    merged["model_ranking"] = bench.model_ranking_agreement(rows, sms=first["environment"]["sm_count"])
+    return merged
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("out", type=Path)
+    p.add_argument("inputs", type=Path, nargs="+")
+    args = p.parse_args(argv)
+    if args.out.exists():
+        raise SystemExit(f"{args.out} exists; results files are never replaced")
+    payloads = [json.loads(f.read_text()) for f in args.inputs]
+    merged = merge(payloads, [str(f) for f in args.inputs])
+    args.out.write_text(json.dumps(merged, indent=2) + "\n")
+    for name, r in merged["ratios"].items():
+        print(f"  {name}: geomean {r['geomean']:.3f}, worst {r['worst']:.3f} ({r['rows']} rows)")
+    rk = merged["model_ranking"]
+    print(f"  model vs measured: auto's pick is the measured best on {rk['best_agrees']} of {rk['rows']} rows, "
+          f"in the model's first rank on {rk['best_in_model_top']}; auto within 1 % / 3 % on "
+          f"{rk['auto_within_1pct']} / {rk['auto_within_3pct']} (worst {rk['worst_auto_vs_best']:.3f})")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

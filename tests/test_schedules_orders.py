@@ -155,6 +155,30 @@ def test_portable_turns_are_identical_on_every_grid(causal):
         make_plan(p, "portable", ref.min_ctas - 1)
 
 
+@settings(max_examples=25, deadline=None)
+@given(batch=st.integers(1, 3), heads=st.integers(1, 6), sq=st.integers(1, 700), sk=st.integers(1, 700),
+       causal=st.booleans(), ctas=st.sampled_from([1, 3, 7, 132]))
+def test_section_width_reorders_claims_but_never_turns(batch, heads, sq, sk, causal, ctas):
+    """``l2_section_heads`` (and its full-mask cap, d8cc23f) only changes which column is claimed
+    when: every tile's add order, and so the bits, is the same for any width, and every width
+    is deadlock-free."""
+    p = Problem(batch, heads, sq, sk, causal=causal, head_dim=64)
+    for name in ("interleaved", "descending"):
+        ref = make_plan(p, name, ctas, section_heads=1)
+        for width in (2, 4, 64):
+            plan = make_plan(p, name, ctas, section_heads=width)
+            assert np.array_equal(plan.turn, ref.turn), (name, width)
+            assert validate(plan, timing_trials=1).ok, (name, width)
+
+
+def test_section_widths_do_claim_in_other_orders():
+    """The property above is not vacuous: on 3 CTAs, 4 heads of 3 columns run other columns
+    first with 4-head sections than column-fastest."""
+    p = Problem(1, 4, 512, 384, head_dim=64)
+    a, b = make_plan(p, "interleaved", 3, section_heads=1), make_plan(p, "interleaved", 3, section_heads=4)
+    assert not np.array_equal(a.cols, b.cols) and np.array_equal(a.turn, b.turn)
+
+
 def test_non_portable_schedules_change_their_order_with_the_grid():
     p = Problem(1, 2, 16 * 128, 16 * 128, block_m=128, block_n=128)
     assert not np.array_equal(make_plan(p, "shift", 132).turn, make_plan(p, "shift", 12).turn)

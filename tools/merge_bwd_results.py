@@ -4,12 +4,15 @@ machine) and recompute the summary, the paired ratios and the model's ranking ov
 
     python tools/merge_bwd_results.py OUT.json short.json long.json
 
-The files must come from one GPU, the same kernels and the same Python code
-(``environment``: device, sm_count, commit, code_sha256) and the same timing settings
-(``meta``: iters, burst, warmup); otherwise their ratios are not from one run and joining them
-would hide it, so the tool refuses. Rows come in bench_bwd.py's grid order (head dim, full
-before causal, sequence length); a shape present in two files is refused. The output's ``environment`` is the first file's, with the others'
-dates and argv kept under ``meta.merged_from``. Needs no GPU.
+The files must come from one GPU, the same kernel sources, Python code, torch and cuDNN
+(``environment``: device, sm_count, commit, build.sources_digest, code_sha256, torch, cudnn,
+round_orders), the same timing settings (``meta``: kind, iters, burst, warmup) and the same
+modes; otherwise their ratios are not from one run's settings and joining them would hide it,
+so the tool refuses. Rows are sorted by head dim, mask (full first) and sequence length, the
+paper grid's order; a shape present in two files is refused. The output's ``environment`` is
+the first file's, with each file's name, date and argv under ``meta.merged_from``. The model's
+ranking (``model_ranking``) is recomputed with the model of the checkout that runs this tool,
+as ``tools/model_agreement.py`` does. Needs no GPU.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dash import bench  # noqa: E402
 
-SAME_ENVIRONMENT = ("device", "sm_count", "commit", "code_sha256", "round_orders")
+SAME_ENVIRONMENT = ("device", "sm_count", "commit", "code_sha256", "torch", "cudnn", "round_orders")
 SAME_META = ("kind", "iters", "burst", "warmup")
 
 
@@ -36,7 +39,20 @@ def _rows_payload(rows: list[bench.Row]) -> list[dict]:
 
 def merge(payloads: list[dict], names: list[str]) -> dict:
     first = payloads[0]
+
+    def modes_of(p: dict) -> set[str]:
+        return {m for r in p["rows"] for m in r["ms"]} | {m for r in p["rows"] for m in r.get("errors", {})}
+
+    if first["meta"].get("kind") != "bwd":
+        raise SystemExit(f"{names[0]}: meta.kind is {first['meta'].get('kind')!r}, not 'bwd'")
     for p, name in zip(payloads[1:], names[1:]):
+        digest, first_digest = p["environment"].get("build", {}).get("sources_digest"), \
+            first["environment"].get("build", {}).get("sources_digest")
+        if digest != first_digest:
+            raise SystemExit(f"{name}: environment.build.sources_digest is {digest!r}, {names[0]} has "
+                             f"{first_digest!r}: other kernel sources")
+        if modes_of(p) != modes_of(first):
+            raise SystemExit(f"{name}: modes {sorted(modes_of(p) ^ modes_of(first))} are in one file only")
         for key in SAME_ENVIRONMENT:
             if p["environment"].get(key) != first["environment"].get(key):
                 raise SystemExit(f"{name}: environment.{key} is {p['environment'].get(key)!r}, "

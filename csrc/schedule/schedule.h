@@ -103,7 +103,7 @@ using TileGeometry = TileGeometryT<RuntimeBlocks>;
 // column every M steps, claims come P / M per step, so consecutive columns of a head start
 // about section_heads * M / P steps apart. Two steps are enough for a deterministic run's
 // column n to reach each dQ tile after column n-1 has added there; a wider section only
-// keeps more heads in flight: at hdim 128 full 512 (M = 7) the uncapped 64 heads moved 1.75x
+// keeps more heads in flight: at hdim 128 full 512 (M = 7) the uncapped 64 heads read 1.75x
 // the DRAM bytes of FA3's order on an H100 (ncu, 2026-12-06) and ran 0.82x as fast
 // deterministically; capped at 32, 1.03x (0.98x the non-deterministic backward).
 // kSectionStaggerClaims = 2 steps * 132 CTAs (the H100/H200 SXM grid) keeps the width a

@@ -571,23 +571,28 @@ def environment() -> dict:
     }
 
 
+def rows_payload(rows: list[Row]) -> list[dict]:
+    """The ``rows`` of a results file (``rows_from_results`` reads them back)."""
+    return [
+        {
+            "shape": dataclasses.asdict(r.shape),
+            "bwd_flops": r.shape.bwd_flops(),
+            "ms": r.ms,
+            "tflops": {m: r.tflops(m) for m in r.ms},
+            "bitwise_repeatable": r.bitwise,
+            "errors": r.errors,
+        }
+        for r in rows
+    ]
+
+
 def results_payload(rows: list[Row], modes: list[str], meta: dict) -> dict:
     # These rows are backward timings: say so, for readers (python -m dash plot) of other kinds' files.
     return {
         "meta": {"kind": "bwd", **meta},
         "environment": environment(),
         "summary": summary(rows, modes),
-        "rows": [
-            {
-                "shape": dataclasses.asdict(r.shape),
-                "bwd_flops": r.shape.bwd_flops(),
-                "ms": r.ms,
-                "tflops": {m: r.tflops(m) for m in r.ms},
-                "bitwise_repeatable": r.bitwise,
-                "errors": r.errors,
-            }
-            for r in rows
-        ],
+        "rows": rows_payload(rows),
     }
 
 

@@ -18,7 +18,6 @@ as ``tools/model_agreement.py`` does. Needs no GPU.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -27,14 +26,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dash import bench  # noqa: E402
 
-SAME_ENVIRONMENT = ("device", "sm_count", "commit", "code_sha256", "torch", "cudnn", "round_orders")
+# build.sources_digest: two builds of one dirty checkout share ``commit``.
+SAME_ENVIRONMENT = ("device", "sm_count", "commit", "build.sources_digest", "code_sha256", "torch", "cudnn",
+                    "round_orders")
 SAME_META = ("kind", "iters", "burst", "warmup")
 
 
-def _rows_payload(rows: list[bench.Row]) -> list[dict]:
-    return [{"shape": dataclasses.asdict(r.shape), "bwd_flops": r.shape.bwd_flops(), "ms": r.ms,
-             "tflops": {m: r.tflops(m) for m in r.ms}, "bitwise_repeatable": r.bitwise, "errors": r.errors}
-            for r in rows]
+def _get(section: dict, dotted: str):
+    for part in dotted.split("."):
+        section = section.get(part) if isinstance(section, dict) else None
+    return section
 
 
 def merge(payloads: list[dict], names: list[str]) -> dict:
@@ -46,21 +47,14 @@ def merge(payloads: list[dict], names: list[str]) -> dict:
     if first["meta"].get("kind") != "bwd":
         raise SystemExit(f"{names[0]}: meta.kind is {first['meta'].get('kind')!r}, not 'bwd'")
     for p, name in zip(payloads[1:], names[1:]):
-        digest, first_digest = p["environment"].get("build", {}).get("sources_digest"), \
-            first["environment"].get("build", {}).get("sources_digest")
-        if digest != first_digest:
-            raise SystemExit(f"{name}: environment.build.sources_digest is {digest!r}, {names[0]} has "
-                             f"{first_digest!r}: other kernel sources")
         if modes_of(p) != modes_of(first):
             raise SystemExit(f"{name}: modes {sorted(modes_of(p) ^ modes_of(first))} are in one file only")
-        for key in SAME_ENVIRONMENT:
-            if p["environment"].get(key) != first["environment"].get(key):
-                raise SystemExit(f"{name}: environment.{key} is {p['environment'].get(key)!r}, "
-                                 f"{names[0]} has {first['environment'].get(key)!r}: not one run's settings")
-        for key in SAME_META:
-            if p["meta"].get(key) != first["meta"].get(key):
-                raise SystemExit(f"{name}: meta.{key} is {p['meta'].get(key)!r}, {names[0]} has "
-                                 f"{first['meta'].get(key)!r}: not one run's settings")
+        for section, keys in (("environment", SAME_ENVIRONMENT), ("meta", SAME_META)):
+            for key in keys:
+                mine, theirs = _get(p[section], key), _get(first[section], key)
+                if mine != theirs:
+                    raise SystemExit(f"{name}: {section}.{key} is {mine!r}, {names[0]} has {theirs!r}: "
+                                     "not one run's settings")
     rows: list[bench.Row] = []
     seen: dict[str, str] = {}
     for p, name in zip(payloads, names):
@@ -79,7 +73,7 @@ def merge(payloads: list[dict], names: list[str]) -> dict:
                                   "argv": p["meta"].get("argv")} for p, n in zip(payloads, names)]},
         "environment": first["environment"],
         "summary": bench.summary(rows, modes),
-        "rows": _rows_payload(rows),
+        "rows": bench.rows_payload(rows),
     }
     merged["ratios"] = bench.paired_ratios(rows)
     merged["model_ranking"] = bench.model_ranking_agreement(rows, sms=first["environment"]["sm_count"])

@@ -29,6 +29,10 @@ void bwd_set_workspace(BwdParams& params, void* workspace);
 // kBlockN of the backward's tiles: columns of a head = ceil(seqlen_k / kBlockN).
 int bwd_block_n(BwdParams const& params);
 
+// GQA dK/dV accumulation chains of a deterministic run (the config's kdKVChains, at most
+// heads / heads_k - 1); 1 otherwise. dk_accum / dv_accum hold this many copies of k's shape.
+int bwd_dkv_chains(BwdParams const& params);
+
 // (column, Q tile) steps of the whole problem: the number of records a traced run writes.
 int64_t bwd_trace_steps(BwdParams const& params);
 

@@ -158,6 +158,10 @@ int bwd_block_n(BwdParams const& p) {
   return with_tile_config(p, [](auto cfg) { return int(decltype(cfg)::kBlockN); });
 }
 
+int bwd_dkv_chains(BwdParams const& p) {
+  return with_tile_config(p, [&](auto cfg) { return dkv_chains_for(decltype(cfg)::kdKVChains, p); });
+}
+
 int64_t bwd_trace_steps(BwdParams const& p) {
   return with_tile_config(p, [&](auto cfg) { return bwd_trace_steps_for<decltype(cfg)>(p); });
 }

@@ -326,26 +326,37 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> run_backward(Tensor const& dout_in, T
   Tensor dq = at::empty_like(q);
   bool const gqa = heads != heads_k;
   Tensor dk, dv, dk_accum, dv_accum, dkv_semaphore;
-  if (gqa) {
-    // The kernel reduce-adds every query head's dK/dV into fp32 accumulators of its KV
-    // head (in query-head order when deterministic); one cast at the end.
-    auto const f32 = k.options().dtype(at::kFloat);
-    dk_accum = at::zeros(k.sizes(), f32);  // (batch, seqlen_k, heads_k, d), or varlen (total_k, heads_k, d)
-    dv_accum = at::zeros(k.sizes(), f32);
-    int64_t const block_n = dash::bwd_block_n(p);
-    int64_t const n_blocks = (int64_t(p.seqlen_k) + block_n - 1) / block_n;  // varlen: the longest sequence's
-    dkv_semaphore = at::zeros({batch * heads_k * n_blocks}, k.options().dtype(at::kInt));
-    p.dk_accum = dk_accum.data_ptr<float>();
-    p.dv_accum = dv_accum.data_ptr<float>();
-    p.dkv_accum_strides = bshd_strides(as_bshd(dk_accum));
-    p.dkv_semaphore = dkv_semaphore.data_ptr<int>();
-  } else {
+  // empty_like keeps k's and v's layout (a permuted k gets a permuted dk), as the op's fake
+  // for torch.compile promises.
+  auto set_dkv_outputs = [&] {
     dk = at::empty_like(k);
     dv = at::empty_like(v);
     p.dk = dk.data_ptr();
     p.dv = dv.data_ptr();
     p.dk_strides = bshd_strides(as_bshd(dk));
     p.dv_strides = bshd_strides(as_bshd(dv));
+  };
+  if (gqa) {
+    // The query heads of a KV group sum their dK/dV in fp32 in the kernel (csrc/kernels/
+    // bwd_epilogue.h, store_dkv). Deterministic: in chains that the group's last query head
+    // sums into dk/dv (any contents: each chain's first add stores). Otherwise: adds into one
+    // zeroed accumulator, cast below.
+    auto const f32 = k.options().dtype(at::kFloat);
+    int64_t const chains = p.deterministic ? dash::bwd_dkv_chains(p) : 1;
+    int64_t const numel = k.numel();  // (batch, seqlen_k, heads_k, d), or varlen (total_k, heads_k, d)
+    dk_accum = p.deterministic ? at::empty({chains * numel}, f32) : at::zeros({numel}, f32);
+    dv_accum = p.deterministic ? at::empty({chains * numel}, f32) : at::zeros({numel}, f32);
+    int64_t const block_n = dash::bwd_block_n(p);
+    int64_t const n_blocks = (int64_t(p.seqlen_k) + block_n - 1) / block_n;  // varlen: the longest sequence's
+    dkv_semaphore = at::zeros({batch * heads_k * n_blocks * chains}, k.options().dtype(at::kInt));
+    p.dk_accum = dk_accum.data_ptr<float>();
+    p.dv_accum = dv_accum.data_ptr<float>();
+    p.dkv_accum_strides = bshd_strides(as_bshd(dk_accum.narrow(0, 0, numel).view(k.sizes())));
+    p.dkv_chain_stride = numel;
+    p.dkv_semaphore = dkv_semaphore.data_ptr<int>();
+    if (p.deterministic) { set_dkv_outputs(); }
+  } else {
+    set_dkv_outputs();
   }
 
   p.out = out.data_ptr();
@@ -372,16 +383,14 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> run_backward(Tensor const& dout_in, T
     trace_records = at::empty({0, int64_t(sizeof(dash::BwdTraceRecord) / 8)}, q.options().dtype(at::kLong));
   }
 
-  poison_outputs_if_requested({&dq, &dk, &dv});  // dk, dv are undefined here under GQA
+  poison_outputs_if_requested({&dq, &dk, &dv});  // dk, dv are undefined here under non-deterministic GQA
   poison_dq_accum_if_requested(p);
   call_library([&] { dash::run_bwd(p, at::cuda::getCurrentCUDAStream()); });
-  if (gqa) {
-    // empty_like keeps k's and v's layout (a permuted k gets a permuted dk), as without GQA
-    // and as the op's fake for torch.compile promises; the fp32 accumulators are contiguous.
+  if (gqa && !p.deterministic) {
     dk = at::empty_like(k);
     dv = at::empty_like(v);
-    dk.copy_(dk_accum);
-    dv.copy_(dv_accum);
+    dk.copy_(dk_accum.view(k.sizes()));
+    dv.copy_(dv_accum.view(v.sizes()));
   }
   return {dq, dk, dv, trace_records};
 }

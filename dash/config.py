@@ -78,6 +78,15 @@ class BwdTileConfig:
     # +2.5 % deterministic and -0.4 to +2.8 % non-deterministic at hdim 128 causal 2k-16k
     # against one buffer and the late loads (eighteenth pass).
     lse_early_det: bool = False
+    # Deterministic GQA: accumulation chains of a KV group's dK / dV (csrc/kernels/bwd_epilogue.h,
+    # store_dkv). Query heads j = 0 ... G - 2 of the group add into chain j % C (C = min(dkv_chains,
+    # G - 1) fp32 copies of dK / dV, the first add of each a store), and head G - 1 adds the chains
+    # to its own in index order and writes dK / dV. A head waits for head j - C instead of j - 1.
+    # Measured at hdim 128 on the H100 (docs/kernel-notes.md, thirty-fifth pass), det(auto)
+    # against the one ordered accumulator before: 2 chains +1.9 to +9.2 % on the GQA/MQA rows
+    # (32/8 causal 8k +3.4 %); 1 chain +1.5 to +9.4 % (better at 6/1, worse at 8/1); 4 chains
+    # -6 % at 6/1 (the last head reads every chain).
+    dkv_chains: int = 2
     note: str = ""
 
     def __post_init__(self) -> None:
@@ -99,6 +108,8 @@ class BwdTileConfig:
             raise ValueError(f"dq_stages={self.dq_stages} must be 1 or 2 (the dQ writers alternate by step parity)")
         if self.dq_chains not in (1, 2, 4):
             raise ValueError(f"dq_chains={self.dq_chains} must be 1, 2 or 4")
+        if not 1 <= self.dkv_chains <= 8:
+            raise ValueError(f"dkv_chains={self.dkv_chains} must be 1 ... 8")
         if self.exp2_fma_every == 1 or self.exp2_fma_every < 0:
             raise ValueError(f"exp2_fma_every={self.exp2_fma_every} must be 0 (all on MUFU) or >= 2")
 
@@ -385,6 +396,7 @@ def render_cpp_header() -> str:
             f"  static constexpr int kStagesdS = {cfg.ds_stages};",
             f"  static constexpr int kStagesdQ = {cfg.dq_stages};",
             f"  static constexpr int kdQChains = {cfg.dq_chains};",
+            f"  static constexpr int kdKVChains = {cfg.dkv_chains};",
             f"  static constexpr int kExp2FmaEvery = {cfg.exp2_fma_every};",
             f"  static constexpr bool kLseEarlyNondet = {'true' if cfg.lse_early_nondet else 'false'};",
             f"  static constexpr bool kLseEarlyDet = {'true' if cfg.lse_early_det else 'false'};",

@@ -103,7 +103,7 @@ def test_code_identity_says_dirty_and_digests_the_code(tmp_path):
 
 def test_environment_records_the_code(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_properties",
-                        lambda i: SimpleNamespace(name="NVIDIA H200", multi_processor_count=132))
+                        lambda i: SimpleNamespace(name="NVIDIA H200", multi_processor_count=132, major=9, minor=0))
     env = bench.environment()
     assert env["device"] == "NVIDIA H200"
     assert {"commit", "checkout_head", "checkout_describe", "code_sha256", "code_sha256_of"} <= set(env)
@@ -118,7 +118,7 @@ def _fake_gpu(monkeypatch) -> list:
     """An sm_90 GPU as far as ``python -m dash bench`` can tell, and timings from a stand-in."""
     monkeypatch.setattr(_bench, "_gpu_ok", lambda: (True, ""))
     monkeypatch.setattr(torch.cuda, "get_device_properties",
-                        lambda i: SimpleNamespace(name="NVIDIA H200", multi_processor_count=132))
+                        lambda i: SimpleNamespace(name="NVIDIA H200", multi_processor_count=132, major=9, minor=0))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "NVIDIA H200")
     modes = ["dash_nondet", "dash_auto_det", "dash_fa3_det", "torch_cudnn"]
     monkeypatch.setattr(bench, "available_modes", lambda: {m: None for m in modes})

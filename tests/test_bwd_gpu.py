@@ -106,16 +106,18 @@ def test_one_head_one_batch_and_gqa(head_dim):
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("seqlens", [(333, 517), (1000, 100), (239, 1)])
-def test_every_output_element_written(seqlens, causal, head_dim, monkeypatch):
+@pytest.mark.parametrize("heads, heads_k", [(2, 2), (6, 2)], ids=["mha", "gqa_6_over_2"])
+def test_every_output_element_written(seqlens, causal, head_dim, heads, heads_k, monkeypatch):
     """dq/dk/dv (and the fp32 dQ workspace) are filled with NaN before the launch
     (DASH_POISON_OUTPUTS); none may survive. Causal with seqlen_q > seqlen_k: the rows before
     seqlen_q - seqlen_k see no key, so whole Q tiles have no column contributing to them (1000x100:
     7 of 8 tiles of 128 rows at hdim 64, 14 of 16 of 64 rows at hdim 128; 239x1: 1 of 2, 3 of 4),
-    and their dq rows must still be written, as 0."""
+    and their dq rows must still be written, as 0. GQA 6/2, deterministic: the kernel writes dk
+    and dv from the group's last query head (two dK/dV chains before it)."""
     monkeypatch.setenv("DASH_POISON_OUTPUTS", "1")
     sq, sk = seqlens
-    seed = _seed("poison", seqlens, causal, head_dim)
-    q, k, v, dout = _inputs(2, sq, sk, 2, 2, head_dim, torch.bfloat16, seed)
+    seed = _seed("poison", seqlens, causal, head_dim, heads, heads_k)
+    q, k, v, dout = _inputs(2, sq, sk, heads, heads_k, head_dim, torch.bfloat16, seed)
     out, lse = _forward(q, k, v, causal)
     for deterministic in (False, True):
         label = f"{seqlens} causal={causal} d={head_dim} det={deterministic} {_tag(seed)}"

@@ -508,6 +508,8 @@ def test_tile_config_invariants_are_enforced():
         C.BwdTileConfig(64, False, 128, 128, 2, 2, 2, 2, 3)
     with pytest.raises(ValueError, match="dq_chains=3 must be 1, 2 or 4"):
         C.BwdTileConfig(64, False, 128, 128, 2, 2, 2, 2, 1, 3)
+    with pytest.raises(ValueError, match="dkv_chains=0 must be 1 ... 8"):
+        C.BwdTileConfig(64, False, 128, 128, 2, 2, 2, 2, dkv_chains=0)
     for every in (1, -4):
         with pytest.raises(ValueError, match=f"exp2_fma_every={every} must be 0"):
             C.BwdTileConfig(64, False, 128, 128, 2, 2, 2, 2, 1, 1, every)
@@ -600,6 +602,7 @@ def test_render_cpp_header_has_every_config():
             "kStagesdS": _cpp(cfg.ds_stages),
             "kStagesdQ": _cpp(cfg.dq_stages),
             "kdQChains": _cpp(cfg.dq_chains),
+            "kdKVChains": _cpp(cfg.dkv_chains),
             "kExp2FmaEvery": _cpp(cfg.exp2_fma_every),
             "kLseEarlyNondet": _cpp(cfg.lse_early_nondet),
             "kLseEarlyDet": _cpp(cfg.lse_early_det),

@@ -68,6 +68,11 @@ def test_simulated_makespan_is_the_dag_critical_path(name, causal):
         plan = make_plan(p, name, 3 if name != "portable" else 6)
         dag, _ = plan_dag(plan, costs, depth)
         assert simulate(plan, costs, depth).makespan == pytest.approx(dag.critical_path_length())
+    # GQA dK/dV chains: 4 query heads of one KV head, heads 0-2 in two chains, head 3 sums them.
+    p4 = Problem(1, 4, 600, 520, heads_kv=1, causal=causal, block_m=64, block_n=128)
+    plan = make_plan(p4, name, 5 if name != "portable" else 6)
+    dag, _ = plan_dag(plan, costs, 1, kv_chains=2)
+    assert simulate(plan, costs, 1, kv_chains=2).makespan == pytest.approx(dag.critical_path_length())
 
 
 def test_shift_turn_edges_respect_arrival_depth_and_fa3s_do_not():

@@ -24,7 +24,7 @@ import torch
 from dash import reference
 from dash.api import attention_backward
 from dash.config import KERNEL_SCHEDULES, PORTABLE_KERNEL_SCHEDULES, bwd_tile_config
-from dash.schedules.auto import rank_kernel_schedules
+from dash.schedules.auto import kernel_dkv_chains, rank_kernel_schedules
 
 pytestmark = pytest.mark.gpu
 
@@ -202,12 +202,14 @@ def test_portable_schedules_give_the_same_bits_for_any_cta_count(head_dim, causa
             for name, a, b in zip(("dq", "dk", "dv"), base, got):
                 assert torch.equal(a, b), (f"{schedule} d={head_dim} causal={causal} {_tag(seed)}: sm_margin={margin} "
                                            f"({sms - margin} CTAs) changed {name}")
-    # GQA 16/4. Full mask, 4 x 512 (256 columns): the model ranks (132, 131, 114, 78 CTAs) hdim 64:
-    # interleaved, interleaved, fa3, interleaved; hdim 128: interleaved twice, fa3 twice. Causal,
-    # 2 x 1152 (288 columns; auto takes fa3 without the model at <= 1024 tokens, so a longer row):
-    # hdim 64 descending, fa3 three times; hdim 128 descending twice, fa3 twice.
+    # GQA 16/4, shapes where the model (with the kernel's dK/dV chains, kernel notes, thirty-fifth pass) ranks per grid
+    # (132, 131, 114, 78 CTAs): full hdim 64, 4 x 768: fa3, interleaved, fa3, interleaved; full
+    # hdim 128, 2 x 1536: fa3, fa3, interleaved, interleaved; causal hdim 64, 2 x 1152:
+    # descending twice, fa3 twice; causal hdim 128, 2 x 1536: descending, descending, fa3,
+    # descending. (Causal rows are longer than 1024 tokens: auto takes fa3 there without the model.)
     seed = _seed("portable-auto", head_dim, causal)
-    batch, seqlen = (2, 1152) if causal else (4, 512)
+    batch, seqlen = {(64, False): (4, 768), (128, False): (2, 1536), (64, True): (2, 1152),
+                     (128, True): (2, 1536)}[(head_dim, causal)]
     q, k, v, dout = _inputs(batch, seqlen, seqlen, 16, 4, head_dim, seed)
     out, lse = _forward(q, k, v, causal)
     _assert_auto_bits_do_not_depend_on_the_grid(q, k, v, dout, out, lse, causal, _tag(seed))
@@ -239,10 +241,11 @@ def _assert_auto_bits_do_not_depend_on_the_grid(q, k, v, dout, out, lse, causal,
 def test_auto_bits_do_not_depend_on_the_grid_where_the_model_would_choose_differently():
     """Each portable schedule's bits are grid-independent, but two schedules' bits differ, so
     auto must choose by the shape alone (AUTO_REFERENCE_CTAS). On this shape (GQA 16/2, hdim
-    128, causal 2k: 256 columns) the model, with the dQ convert's overlap priced (0c4c33b),
-    ranks descending first on 132 and 131 CTAs and fa3 first on 114 and 78."""
+    128, causal 2 x 1280: 320 columns) the model, with the dQ convert's overlap priced (0c4c33b)
+    and the kernel's dK/dV chains, ranks descending first on 132 CTAs and fa3 first on 131, 114
+    and 78."""
     seed = _seed("auto-grid")
-    q, k, v, dout = _inputs(1, 2048, 2048, 16, 2, 128, seed)
+    q, k, v, dout = _inputs(2, 1280, 1280, 16, 2, 128, seed)
     out, lse = _forward(q, k, v, True)
     _assert_auto_bits_do_not_depend_on_the_grid(q, k, v, dout, out, lse, True, _tag(seed))
 
@@ -366,8 +369,9 @@ def test_gqa_in_kernel_reduction_accuracy_and_bits(heads, heads_k, causal):
 def test_gqa_has_no_per_head_dk_dv_copies():
     """Peak memory of a GQA 32/8 backward: the outputs, the fp32 dQ workspaces (one per
     accumulation chain of the deterministic mode, config.py dq_chains) and the fp32 group
-    accumulators of dK/dV, and nothing per query head (per-head bf16 dK/dV copies, what DASH
-    used to keep, would add 2 x 32 heads x 4096 x 128 x 2 B = 64 MiB)."""
+    accumulators of dK/dV (one per dK/dV chain, config.py dkv_chains, fewer than the group's
+    query heads), and nothing per query head (per-head bf16 dK/dV copies, what DASH used to
+    keep, would add 2 x 32 heads x 4096 x 128 x 2 B = 64 MiB)."""
     q, k, v, dout = _inputs(1, 4096, 4096, 32, 8, 128, _seed("gqa-memory"))
     out, lse = _forward(q, k, v, True)
     torch.cuda.synchronize()
@@ -379,7 +383,9 @@ def test_gqa_has_no_per_head_dk_dv_copies():
     outputs = (q.numel() + 2 * k.numel()) * 2          # dq, dk, dv (bf16)
     chains = bwd_tile_config(128, True).dq_chains
     dq_workspace = chains * q.numel() * 4 + 2 * q.numel() // 128 * 4  # dQaccum chains + LSE/D rows (fp32)
-    group_accumulators = 2 * k.numel() * 4             # dK, dV (fp32, one per KV head)
+    dkv_chains = kernel_dkv_chains(128, True, 32 // 8)
+    assert dkv_chains < 32 // 8
+    group_accumulators = 2 * dkv_chains * k.numel() * 4  # dK, dV (fp32, per KV head and chain)
     needed = outputs + dq_workspace + group_accumulators
     per_head_copies = 2 * q.numel() * 2
     assert extra < needed + per_head_copies // 4, (

@@ -136,20 +136,23 @@ def test_every_schedule_is_valid_on_larger_shapes(p, P, portable):
             assert validate(plan, timing_trials=1).ok, name
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(problems(), st.integers(1, 24), st.sampled_from([2, 3]))
-def test_accumulation_chains_stay_valid_and_never_slow_a_schedule_down(p, P, chains):
-    """The kernel's deterministic mode splits each tile's adds into chains (turn t: add t //
-    chains of chain t % chains). Every schedule stays deadlock-free with its adds in turn order
-    within each chain under random timing, and the makespan never grows: a wait for turn
-    t - chains is implied by the one-chain waits for t - 1, t - 2, ..."""
-    costs = Costs(c=1.0, r=0.4, latency=0.3)
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems(), st.integers(1, 24),
+       st.sampled_from([{"chains": 2}, {"chains": 3}, {"kv_chains": 2}, {"kv_chains": 3}, {"kv_chains": 8}]))
+def test_accumulation_chains_stay_valid_and_never_slow_a_schedule_down(p, P, split):
+    """The kernel's deterministic mode splits each dQ tile's adds into chains (turn t: add t //
+    chains of chain t % chains) and, under GQA, a KV group's dK/dV adds (head j waits for head
+    j - C, the group's last head for every chain). Every schedule stays deadlock-free with its
+    adds in turn order within each chain under random timing, and the makespan never grows: a
+    wait for turn t - chains (head j - C) is implied by the one-chain waits for t - 1, t - 2, ...
+    (j - 1, j - 2, ...), every hop costing at least the hand-off latency."""
+    costs = Costs(c=1.0, r=0.4, latency=0.3, epilogue=0.5, r_kv=0.7)
     for name in SCHEDULE_NAMES:
         plan = _plan_or_skip(p, name, P)
         if plan is None:
             continue
-        rep = validate(plan, timing_trials=1, chains=chains)
-        assert rep.ok, (name, P, chains, rep.problems)
-        one, split = simulate(plan, costs), simulate(plan, costs, chains=chains)
-        assert split.makespan <= one.makespan + 1e-9, (name, P, chains)
-        assert split.lower_bound <= split.makespan + 1e-9
+        rep = validate(plan, timing_trials=1, **split)
+        assert rep.ok, (name, P, split, rep.problems)
+        one, chained = simulate(plan, costs), simulate(plan, costs, **split)
+        assert chained.makespan <= one.makespan + 1e-9, (name, P, split)
+        assert chained.lower_bound <= chained.makespan + 1e-9

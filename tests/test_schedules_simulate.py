@@ -68,6 +68,39 @@ def test_gqa_dkdv_epilogues_follow_the_head_order():
     assert res.makespan == pytest.approx(3.6)
 
 
+@pytest.mark.parametrize("kv_chains, want", [(1, 1 + 0.75 + 2 * 0.85), (2, 1 + 0.75 + 0.1 + 0.75)])
+def test_gqa_dkdv_chains_let_heads_add_side_by_side(kv_chains, want):
+    """Three query heads of one KV head, one column each, on three CTAs: with one chain the
+    epilogues run one after another; with two, heads 0 and 1 start a chain each (no wait) and
+    head 2 waits for both, then sums the chains."""
+    p = Problem(1, 3, 128, 128, heads_kv=1, block_m=128, block_n=128)
+    res = simulate(make_plan(p, "fa3", 3), Costs(c=1.0, r=0.0, epilogue=0.5, r_kv=0.25, latency=0.1),
+                   kv_chains=kv_chains)
+    assert res.deadlock_free
+    assert res.makespan == pytest.approx(want)
+
+
+def test_kv_links_chain_heads_and_let_the_last_head_sum_every_chain():
+    from dash.schedules.simulate import kv_links
+
+    plan = make_plan(Problem(1, 8, 128, 256, heads_kv=1, block_m=128, block_n=128), "fa3", 4)
+    for C in (1, 2, 3, 7, 9):
+        preds, succ = kv_links(plan, C)
+        eff = min(C, 7)
+        assert preds.shape == (len(plan.cols), eff)
+        for ci, (b, h, n) in enumerate(plan.cols.astype(int)):
+            got = sorted(int(plan.cols[p][1]) for p in preds[ci] if p >= 0)
+            assert all(plan.cols[p][0] == b and plan.cols[p][2] == n for p in preds[ci] if p >= 0)
+            if h < 7:
+                assert got == ([h - eff] if h >= eff else []), (C, h, got)
+            else:  # the last head waits for the last head of every chain
+                assert got == sorted(max(j for j in range(7) if j % eff == c) for c in range(eff)), (C, got)
+        # Every column but the last head's is waited for by exactly one column.
+        waited = succ >= 0
+        assert waited.sum() == np.count_nonzero(preds >= 0)
+        assert all(plan.cols[ci][1] != 7 for ci in np.flatnonzero(waited))
+
+
 def test_idle_fraction_and_lower_bound():
     res = simulate(_one_column(4), Costs(c=1.0, r=0.3))
     assert res.idle_fraction[0] == pytest.approx(1 - 4 / 4.3)

@@ -97,12 +97,16 @@ __device__ __forceinline__ void store_acc_rows_16B(Frag const& acc, Coords const
   }
 }
 
-// base[(row_offset + row) * row_stride + col] += scale * acc(i) in fp32, for rows below
-// row_limit: one 8-byte atomic add (red.global.add.v2.f32) per adjacent column pair. Each
-// element receives one add per call, so the result depends only on the order of the calls.
+// The fragment's part of a sum in fp32 held in global memory, for rows row_offset + row below
+// row_limit (one element per value acc(i), at base[(row_offset + row) * row_stride + col]): a
+// plain 8-byte store per adjacent column pair (store: the first contribution) or an 8-byte
+// atomic add (red.global.add.v2.f32, a generic-proxy atomic). Each element receives one write
+// per call, so a sum built by such calls depends only on their order. (One loop for both: as two
+// instantiations, their address arithmetic, hoisted out of the backward's persistent loop,
+// spilled.)
 template <class Frag, class Coords>
-__device__ __forceinline__ void red_add_acc_rows_f32(Frag const& acc, Coords const& coords, float scale, float* base,
-                                                     int64_t row_stride, int row_offset, int row_limit) {
+__device__ __forceinline__ void write_acc_rows_f32(Frag const& acc, Coords const& coords, float scale, float* base,
+                                                   int64_t row_stride, int row_offset, int row_limit, bool store) {
   using namespace cute;
   check_one_atom_per_warpgroup<Coords>();
   constexpr int kValues = decltype(size(acc))::value;
@@ -111,7 +115,53 @@ __device__ __forceinline__ void red_add_acc_rows_f32(Frag const& acc, Coords con
   for (int i = 0; i < kValues; i += 2) {
     int const row = row_offset + get<0>(coords(i));
     if (row < row_limit) {
-      ptx::red_add_v2_f32(base + int64_t(row) * row_stride + get<1>(coords(i)), acc(i) * scale, acc(i + 1) * scale);
+      float* const dst = base + int64_t(row) * row_stride + get<1>(coords(i));
+      if (store) {
+        ptx::st_v2_f32(dst, acc(i) * scale, acc(i + 1) * scale);
+      } else {
+        ptx::red_add_v2_f32(dst, acc(i) * scale, acc(i + 1) * scale);
+      }
+    }
+  }
+}
+
+// acc(i) = ((scale * acc(i) + copy 0) + copy 1) + ... + copy (chains - 1), copy c the fp32 sum
+// at base + c * chain_stride + (row_offset + row) * row_stride + col; every rounding explicit
+// (__fmul_rn, __fadd_rn: never contracted into an FMA). Rows at or past row_limit read the
+// last row below it instead (in bounds, branch-free) and must not be stored by the caller
+// (row_limit > row_offset). The loads read through L2 (ld.global.cg): other SMs wrote the
+// copies, the caller acquired them.
+// Each pass of the loop below loads half of the fragment's pairs of one copy, in a branch of its
+// own: the compiler issues a pass's loads together but cannot hoist the next pass's above this
+// pass's adds. (Unrolled over both halves, every load of a copy went out at once and held 64
+// registers beside both 64-value fragments: the backward's persistent state spilled.)
+template <class Frag, class Coords>
+__device__ __forceinline__ void add_acc_copies_f32(Frag& acc, Coords const& coords, float scale, float const* base,
+                                                   int64_t row_stride, int64_t chain_stride, int chains,
+                                                   int row_offset, int row_limit) {
+  using namespace cute;
+  check_one_atom_per_warpgroup<Coords>();
+  constexpr int kValues = decltype(size(acc))::value;
+  static_assert(kValues % 4 == 0);
+  constexpr int kHalf = kValues / 2;
+  CUTLASS_PRAGMA_UNROLL
+  for (int i = 0; i < kValues; ++i) { acc(i) = __fmul_rn(acc(i), scale); }
+  auto add_pairs = [&](float const* copy, auto first) {
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = decltype(first)::value; i < decltype(first)::value + kHalf; i += 2) {
+      int const row = min(row_offset + get<0>(coords(i)), row_limit - 1);
+      float2 const v = __ldcg(reinterpret_cast<float2 const*>(copy + int64_t(row) * row_stride + get<1>(coords(i))));
+      acc(i) = __fadd_rn(acc(i), v.x);
+      acc(i + 1) = __fadd_rn(acc(i + 1), v.y);
+    }
+  };
+#pragma unroll 1
+  for (int pass = 0; pass < 2 * chains; ++pass) {
+    float const* const copy = base + (pass >> 1) * chain_stride;
+    if (pass & 1) {
+      add_pairs(copy, Int<kHalf>{});
+    } else {
+      add_pairs(copy, Int<0>{});
     }
   }
 }

@@ -226,23 +226,43 @@ struct BwdEpilogue {
     return idx;
   }
 
-  // Without GQA: dK, dV of the column as Element rows. With GQA: the query heads of a KV
-  // group reduce-add their fp32 dK, dV into the group's accumulators; deterministic runs add
-  // in ascending query-head order, the same protocol as the dQ tiles:
-  //   1. thread 0 spins (ld.acquire.gpu) until sem[b, h_kv, n] == h % group; the barrier
-  //      then orders every MMA thread's adds after that acquire;
-  //   2. every thread adds its fragment (red.global.add.v2.f32: generic-proxy atomics);
-  //   3. barrier (all adds of the CTA issued before it), thread 0: fence.acq_rel.gpu
-  //      (cumulative over the adds the barrier made visible to it) + red.release.gpu += 1,
-  //      so the next head's acquire observes every add of ours: they have landed.
+  // Without GQA: dK, dV of the column as Element rows. With GQA the G query heads of a KV
+  // group sum their dK, dV in fp32 (each query head j = h mod G contributes once per column):
+  //
+  // Non-deterministic: every head adds into one zeroed accumulator (red.global.add.v2.f32),
+  // which the caller casts afterwards.
+  //
+  // Deterministic: heads 0 ... G - 2 accumulate in C = dkv_chains independent chains (fp32
+  // copies of the group's dK / dV, config.py dkv_chains), head j as add r = j / C of chain
+  // c = j % C; the last head, G - 1, waits for every chain to be complete, adds the chains to
+  // its own dK / dV in index order and writes the Element outputs: no cast afterwards and no
+  // zeroed accumulator (the first add of a chain stores). The sum is the same for every grid
+  // and schedule: ((head G - 1 + chain 0) + chain 1) + ..., each chain summed in head order.
+  // Per chain, the same protocol as the dQ tiles:
+  //   1. r > 0: thread 0 spins (ld.acquire.gpu) until sem[column][c] == r; the barrier then
+  //      orders every MMA thread's adds after that acquire (r == 0 stores and waits for nothing);
+  //   2. every thread stores or adds its fragment (generic proxy);
+  //   3. barrier (all writes of the CTA issued before it), thread 0: fence.acq_rel.gpu
+  //      (cumulative over the writes the barrier made visible to it) + red.release.gpu += 1,
+  //      so the next acquirer of the chain observes every write of ours: they have landed.
+  // The last head acquires each chain's final count (the number of heads j < G - 1 with
+  // j mod C == c) the same way before it reads the chains.
   // Waits point to the same column of a lower query head, which every schedule claims or
   // runs earlier (schedule.h), so they cannot deadlock.
   // `seq`: the column's sequence (varlen; rows offset by its first key row, clipped at its
-  // length).
-  template <class Frag, class Coord>
+  // length). The fragments are consumed (the last head adds the chains into them).
+  template <class Frag>
   static __device__ __forceinline__ void store_dkv(Params const& params, ColumnCoord col, SeqPlace const& seq,
-                                                   Frag const& tdKrdK, Frag const& tdVrdV, Coord const& tdKVcdKV,
-                                                   int mma_tidx) {
+                                                   Frag& tdKrdK, Frag& tdVrdV, int mma_tidx) {
+    // The fragments' (key, dim) coordinates, derived from an opaque thread index: hoisted out
+    // of the persistent loop, the dK/dV writes' addresses held registers through the mainloop
+    // and it spilled. Except in the hdim-64 `shift` kernel, which spilled with the recomputation
+    // and not without it. (ptxas -v of every variant, kernel notes, thirty-fifth pass;
+    // tools/check_kernels.py keeps watch.)
+    constexpr bool kOpaqueCoords = !(kHeadDim == 64 && !Schedule::kClaimed);
+    int const coord_tidx = kOpaqueCoords ? ptx::opaque(mma_tidx) : mma_tidx;
+    Tensor const tdKVcdKV = typename Traits::TiledMmadKV{}.get_thread_slice(coord_tidx).partition_C(
+        make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDim>>{}));
     int const seqlen_k = kVarlen ? seq.seqlen_k : params.schedule.geo.seqlen_k;
     int const row0 = col.n * kBlockN;
     // The first key row of the column's batch entry: b * batch stride, or varlen the
@@ -250,35 +270,66 @@ struct BwdEpilogue {
     auto batch_offset = [&](BSHDStrides const& st) {
       return kVarlen ? int64_t(seq.row_k) * st.row : int64_t(col.b) * st.batch;
     };
-    if (params.dk_accum == nullptr) {
-      Element* dk = params.dk + batch_offset(params.dk_strides) + int64_t(col.h) * params.dk_strides.head;
-      Element* dv = params.dv + batch_offset(params.dv_strides) + int64_t(col.h) * params.dv_strides.head;
-      store_acc_rows_16B(tdKrdK, tdKVcdKV, params.softmax_scale, dk, params.dk_strides.row, row0, seqlen_k);
-      store_acc_rows_16B(tdVrdV, tdKVcdKV, 1.0f, dv, params.dv_strides.row, row0, seqlen_k);
-      return;
-    }
-    int const h_kv = col.h / params.heads_per_kv_head;
-    BSHDStrides const& st = params.dkv_accum_strides;
-    int64_t const offset = batch_offset(st) + int64_t(h_kv) * st.head;
-    int* sem = params.dkv_semaphore +
-               (int64_t(col.b) * params.num_heads_k + h_kv) * params.schedule.geo.num_n_blocks() + col.n;
-    if (params.deterministic) {
+    // Without GQA the outputs take the fragments (dK times the softmax scale) as they are.
+    int out_head = col.h;
+    float dk_scale = params.softmax_scale;
+    if (params.dk_accum != nullptr) {
+      int const group = params.heads_per_kv_head;
+      int const h_kv = col.h / group;
+      BSHDStrides const& st = params.dkv_accum_strides;
+      int64_t const offset = batch_offset(st) + int64_t(h_kv) * st.head;
+      float* const dk_sum = params.dk_accum + offset;
+      float* const dv_sum = params.dv_accum + offset;
+      if (!params.deterministic) {
+        write_acc_rows_f32(tdKrdK, tdKVcdKV, params.softmax_scale, dk_sum, st.row, row0, seqlen_k, /*store=*/false);
+        write_acc_rows_f32(tdVrdV, tdKVcdKV, 1.0f, dv_sum, st.row, row0, seqlen_k, /*store=*/false);
+        return;
+      }
+      int const chains = params.dkv_chains;
+      int const j = col.h - h_kv * group;
+      int* const sem =
+          params.dkv_semaphore +
+          ((int64_t(col.b) * params.num_heads_k + h_kv) * params.schedule.geo.num_n_blocks() + col.n) * chains;
+      if (j < group - 1) {
+        int const c = j % chains, rank = j / chains;
+        if (rank > 0) {
+          if (mma_tidx == 0) {
+            while (ptx::ld_acquire_gpu(sem + c) != rank) {}
+          }
+          __syncwarp();  // reconverge before the aligned bar.sync
+          ptx::named_sync(uint32_t(BwdBarrier::kdKVOrder), NumMmaThreads);
+        }
+        int64_t const chain_offset = c * params.dkv_chain_stride;
+        write_acc_rows_f32(tdKrdK, tdKVcdKV, params.softmax_scale, dk_sum + chain_offset, st.row, row0, seqlen_k,
+                           /*store=*/rank == 0);
+        write_acc_rows_f32(tdVrdV, tdKVcdKV, 1.0f, dv_sum + chain_offset, st.row, row0, seqlen_k,
+                           /*store=*/rank == 0);
+        ptx::named_sync(uint32_t(BwdBarrier::kdKVOrder), NumMmaThreads);
+        if (mma_tidx == 0) {
+          ptx::fence_acq_rel_gpu();
+          ptx::red_release_gpu_add(sem + c, 1);
+        }
+        return;
+      }
+      // The group's last head: every chain complete, then the total into the fragments.
       if (mma_tidx == 0) {
-        int const turn = col.h - h_kv * params.heads_per_kv_head;
-        while (ptx::ld_acquire_gpu(sem) != turn) {}
+        for (int c = 0; c < chains; ++c) {
+          int const adds = (group - 1 - c + chains - 1) / chains;  // heads j < G - 1 with j % C == c
+          while (ptx::ld_acquire_gpu(sem + c) != adds) {}
+        }
       }
       __syncwarp();  // reconverge before the aligned bar.sync
       ptx::named_sync(uint32_t(BwdBarrier::kdKVOrder), NumMmaThreads);
+      add_acc_copies_f32(tdKrdK, tdKVcdKV, params.softmax_scale, dk_sum, st.row, params.dkv_chain_stride, chains, row0,
+                         seqlen_k);
+      add_acc_copies_f32(tdVrdV, tdKVcdKV, 1.0f, dv_sum, st.row, params.dkv_chain_stride, chains, row0, seqlen_k);
+      out_head = h_kv;
+      dk_scale = 1.0f;  // the fragments hold the scaled sums (x * 1.0f is exact)
     }
-    red_add_acc_rows_f32(tdKrdK, tdKVcdKV, params.softmax_scale, params.dk_accum + offset, st.row, row0, seqlen_k);
-    red_add_acc_rows_f32(tdVrdV, tdKVcdKV, 1.0f, params.dv_accum + offset, st.row, row0, seqlen_k);
-    if (params.deterministic) {
-      ptx::named_sync(uint32_t(BwdBarrier::kdKVOrder), NumMmaThreads);
-      if (mma_tidx == 0) {
-        ptx::fence_acq_rel_gpu();
-        ptx::red_release_gpu_add(sem, 1);
-      }
-    }
+    Element* dk = params.dk + batch_offset(params.dk_strides) + int64_t(out_head) * params.dk_strides.head;
+    Element* dv = params.dv + batch_offset(params.dv_strides) + int64_t(out_head) * params.dv_strides.head;
+    store_acc_rows_16B(tdKrdK, tdKVcdKV, dk_scale, dk, params.dk_strides.row, row0, seqlen_k);
+    store_acc_rows_16B(tdVrdV, tdKVcdKV, 1.0f, dv, params.dv_strides.row, row0, seqlen_k);
   }
 };
 

@@ -286,7 +286,6 @@ struct BwdMainKernel {
 
     // Coordinates (key row, query col) of this thread's S^T accumulator values.
     Tensor tScS = thr_mma_SdP.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kBlockM>>{}));
-    Tensor tdKVcdKV = thr_mma_dKV.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDim>>{}));
 
     auto smem_tiled_copy_dS = make_tiled_copy_C(typename Traits::SmemCopyAtomdS{}, tiled_mma_SdP);
     auto smem_thr_copy_dS = smem_tiled_copy_dS.get_thread_slice(mma_tidx);
@@ -423,7 +422,7 @@ struct BwdMainKernel {
 
       // Epilogue: dK (scaled; dS omitted the softmax scale) and dV straight from registers.
       // Rows past seqlen_k are not stored. A column with no Q tiles stores zeros.
-      Epilogue::store_dkv(params, col, seq, tdKrdK, tdVrdV, tdKVcdKV, mma_tidx);
+      Epilogue::store_dkv(params, col, seq, tdKrdK, tdVrdV, mma_tidx);
     });
   }
 };

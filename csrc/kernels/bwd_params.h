@@ -44,11 +44,15 @@ struct BwdParams {
   void const* dout = nullptr;
   BSHDStrides q_strides, k_strides, v_strides, out_strides, dout_strides;
 
-  // Outputs, shaped like q, k, v. Under GQA (num_heads > num_heads_k) dk/dv are unused:
-  // each query head reduce-adds its fp32 dK/dV into dk_accum/dv_accum (shaped like k,
-  // zero-initialised by the caller, cast by the caller afterwards) in ascending query-head
-  // order when deterministic, ordered by dkv_semaphore (batch, heads_k, num_n_blocks ints,
-  // zeroed by the caller).
+  // Outputs, shaped like q, k, v. Under GQA (num_heads > num_heads_k) the query heads of a
+  // KV group sum their dK/dV in fp32 (bwd_epilogue.h, store_dkv):
+  //  - not deterministic: every head reduce-adds into dk_accum/dv_accum (shaped like k,
+  //    zero-initialised by the caller), which the caller casts into dk/dv afterwards (dk/dv
+  //    unused by the kernel);
+  //  - deterministic: dk_accum/dv_accum hold bwd_dkv_chains() chains of k's shape, one after
+  //    the other (dkv_chain_stride floats apart, any contents), and the kernel writes dk/dv;
+  //    dkv_semaphore: (batch, heads_k, num_n_blocks, chains) ints, zeroed by the caller.
+  // dkv_accum_strides are those of one chain.
   void* dq = nullptr;
   void* dk = nullptr;
   void* dv = nullptr;
@@ -56,6 +60,7 @@ struct BwdParams {
   float* dk_accum = nullptr;
   float* dv_accum = nullptr;
   BSHDStrides dkv_accum_strides;
+  int64_t dkv_chain_stride = 0;
   int* dkv_semaphore = nullptr;
 
   // Forward log-sum-exp, natural log of sum_j exp(scale * s_ij): (batch, heads, seqlen_q),
@@ -103,6 +108,14 @@ struct BwdParams {
   // then their count (bwd_varlen_live_columns_kernel; num_columns + 1 ints).
   int* live_columns = nullptr;
 };
+
+// GQA dK/dV accumulation chains of a deterministic run (store_dkv): the config's `max_chains`,
+// at most one per query head of a group but its last (G - 1); 1 without GQA or determinism.
+inline int dkv_chains_for(int max_chains, BwdParams const& p) {
+  int const group = p.num_heads_k > 0 ? p.num_heads / p.num_heads_k : 1;
+  if (!p.deterministic || group < 2) { return 1; }
+  return max_chains < group - 1 ? max_chains : group - 1;
+}
 
 // Counters of the workspace: columns claimed by the persistent CTAs, trace records written,
 // dQ convert CTAs done (convert_under_main).

@@ -40,6 +40,7 @@ struct BwdTraits {
   static constexpr int kStagesdQ = Config::kStagesdQ;
   static constexpr int kExp2FmaEvery = Config::kExp2FmaEvery;  // see BwdTileConfig.exp2_fma_every
   static constexpr int kdQChains = Config::kdQChains;  // deterministic dQ accumulation chains
+  static constexpr int kdKVChains = Config::kdKVChains;  // deterministic GQA dK/dV accumulation chains (max)
   // Which launches run the mainloop that loads a step's LSE into registers before its S^T GEMM
   // is issued (BwdMainKernel's kLseEarly; BwdTileConfig.lse_early_nondet / lse_early_det).
   static constexpr bool kLseEarlyNondet = Config::kLseEarlyNondet;
@@ -193,10 +194,12 @@ struct BwdTraits {
     Element* dk;
     Element* dv;
     BSHDStrides dk_strides, dv_strides;
-    float* dk_accum;  // GQA: fp32 group sums (shaped like k); null without GQA
+    float* dk_accum;  // GQA: fp32 group sums (chains of k's shape); null without GQA
     float* dv_accum;
-    BSHDStrides dkv_accum_strides;
-    int* dkv_semaphore;  // GQA + deterministic: (b, heads_k, num_n_blocks)
+    BSHDStrides dkv_accum_strides;  // of one chain
+    int64_t dkv_chain_stride;       // floats from one chain to the next
+    int dkv_chains;                 // GQA + deterministic: chains of heads 0 ... G - 2 (store_dkv)
+    int* dkv_semaphore;             // GQA + deterministic: (b, heads_k, num_n_blocks, dkv_chains)
     BwdTraceRecord* trace;  // trace mode, else null
     int64_t trace_capacity;
     float softmax_scale;

@@ -200,6 +200,19 @@ __device__ __forceinline__ void red_add_v2_f32(float* gmem, float a, float b) {
   asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(gmem), "f"(a), "f"(b) : "memory");
 }
 
+// gmem[0..1] = (a, b): a plain 8-byte store of a float pair, 8-byte aligned.
+__device__ __forceinline__ void st_v2_f32(float* gmem, float a, float b) {
+  asm volatile("st.global.v2.f32 [%0], {%1, %2};\n" ::"l"(gmem), "f"(a), "f"(b) : "memory");
+}
+
+// x, as a value the compiler cannot see through: what is computed from it stays where it is
+// written instead of being hoisted out of the enclosing loops (where it would hold registers).
+__device__ __forceinline__ int opaque(int x) {
+  int y;
+  asm volatile("mov.b32 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
+}
+
 // Programmatic dependent launch (sm_90). launch_dependents: this CTA lets the grid queued
 // after it on the stream with the programmatic-serialization attribute start once every CTA
 // of this grid has said so or exited; it orders no memory. grid_dependency_wait: blocks until

@@ -145,6 +145,15 @@ def kernel_dq_chains(head_dim: int, causal: bool) -> int:
     return _kernel_table_value(head_dim, causal, "dq_chains")
 
 
+def kernel_dkv_chains(head_dim: int, causal: bool, group: int) -> int:
+    """GQA dK/dV accumulation chains of the kernel's deterministic mode for ``group`` query heads
+    per KV head: ``dkv_chains`` of the config table, at most ``group - 1``; 1 without GQA
+    (``simulate(..., kv_chains=)``; twin of ``dkv_chains_for`` in csrc/kernels/bwd_params.h)."""
+    if group < 2:
+        return 1
+    return max(1, min(_kernel_table_value(head_dim, causal, "dkv_chains"), group - 1))
+
+
 def kernel_pipeline_depth(head_dim: int, causal: bool) -> int:
     """How many steps the kernel's MMA warpgroups may run ahead of the dQ reduce-adds: its
     dQ staging buffers (``dq_stages`` of the config table; the model's ``depth``)."""
@@ -306,7 +315,7 @@ def rank_kernel_schedules(batch: int, heads: int, heads_kv: int, seqlen_q: int, 
     earlier name in ``AUTO_TIE_ORDER``) over ``kernel_candidates(causal)``, each
     simulated for a grid of ``ctas`` CTAs on at most ``AUTO_MAX_WAVES`` waves of the grid's
     columns (whole KV groups, the full problem's L2 sections) with the kernel's calibrated
-    costs, dQ chains and pipeline depth; ``end`` is the makespan plus what of the whole
+    costs, dQ and dK/dV chains and pipeline depth; ``end`` is the makespan plus what of the whole
     problem's dQ convert the simulated tail does not absorb (``end_with_dq_convert``). ``auto`` calls it with ``AUTO_REFERENCE_CTAS``; other
     grids show what it would pick were it free to depend on the grid."""
     from dash.schedules.orders import l2_section_heads
@@ -327,11 +336,13 @@ def rank_kernel_schedules(batch: int, heads: int, heads_kv: int, seqlen_q: int, 
     costs = kernel_costs(head_dim, causal)
     depth = kernel_pipeline_depth(head_dim, causal)
     chains = kernel_dq_chains(head_dim, causal)
+    kv_chains = kernel_dkv_chains(head_dim, causal, group)
     order = {n: i for i, n in enumerate(AUTO_TIE_ORDER)}
     convert_us = dq_convert_us(batch, heads, seqlen_q, head_dim, chains)  # the whole problem's
     rows = []
     for name in kernel_candidates(causal):
-        res = simulate(make_plan(part, name, ctas, section_heads=sw), costs, depth, chains=chains)
+        res = simulate(make_plan(part, name, ctas, section_heads=sw), costs, depth, chains=chains,
+                       kv_chains=kv_chains)
         if res.deadlock_free:  # cannot fail for these orders (tested); never rank one that would deadlock
             rows.append((name, round(end_with_dq_convert(res, convert_us), 9)))
     rows.sort(key=lambda r: (r[1], order[r[0]]))

@@ -97,9 +97,10 @@ def check_turns(plan: Plan) -> list[str]:
 
 
 def validate(plan: Plan, *, costs: Costs | None = None, depth: int = 1, timing_trials: int = 2,
-             seed: int = 0, chains: int = 1) -> ValidationReport:
+             seed: int = 0, chains: int = 1, kv_chains: int = 1) -> ValidationReport:
     """Run every check on ``plan`` (see module docstring) and return a report. ``chains``:
-    accumulation chains per Q tile (``simulate``); the order check is then per chain."""
+    accumulation chains per Q tile (``simulate``); the order check is then per chain.
+    ``kv_chains``: GQA dK/dV chains per KV group (``simulate``)."""
     problems = check_coverage(plan)
     coverage_ok = not problems
     tp = check_turns(plan)
@@ -110,7 +111,7 @@ def validate(plan: Plan, *, costs: Costs | None = None, depth: int = 1, timing_t
         problems.append("visit_desc does not reproduce visit_m")
     deadlock_free = timing_ok = True
     if coverage_ok and not tp:
-        res = simulate(plan, costs, depth, chains=chains)
+        res = simulate(plan, costs, depth, chains=chains, kv_chains=kv_chains)
         deadlock_free = res.deadlock_free
         if not deadlock_free:
             problems.append(f"deadlock on {plan.ctas} CTAs: " + "; ".join(
@@ -120,7 +121,7 @@ def validate(plan: Plan, *, costs: Costs | None = None, depth: int = 1, timing_t
         for _ in range(timing_trials if deadlock_free else 0):
             S = plan.num_steps
             r2 = simulate(plan, costs, depth, c_steps=rng.uniform(0.0, 2.0, S), r_steps=rng.uniform(0.05, 1.0, S),
-                          chains=chains)
+                          chains=chains, kv_chains=kv_chains)
             if not r2.deadlock_free:
                 timing_ok = False
                 problems.append("deadlock under random timing")

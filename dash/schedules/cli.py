@@ -88,6 +88,10 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--dq-chains", type=positive_int, default=1,
                    help="independent accumulation chains per dQ tile: turn t waits for turn t - N "
                         "(1: the paper's model; DASH's kernel uses dq_chains of dash.config, 2 under a causal mask)")
+    s.add_argument("--kv-chains", type=positive_int, default=1,
+                   help="GQA: dK/dV accumulation chains of a KV group: query head j waits for head j - N, the "
+                        "group's last head for every chain (1: ascending head order; DASH's kernel uses "
+                        "dkv_chains of dash.config, at most heads per KV head - 1)")
     o = parser.add_argument_group("output")
     o.add_argument("--json", action="store_true", help="print JSON only")
     o.add_argument("--gantt", type=chart_file, default=None, metavar="PNG",
@@ -172,11 +176,11 @@ def _costs(args: argparse.Namespace) -> Costs:
                          f"dash.schedules.calibrate.save_costs ({why})") from None
 
 
-def _kernel_model(args: argparse.Namespace, problem: Problem) -> tuple[Costs, int, int, str | None]:
-    """``--kernel``: costs, pipeline depth and dQ chains of DASH's kernel for the shape's head dim
-    and mask, and what deterministic ``auto`` picks (None for varlen or a window: auto sees
-    neither)."""
-    from dash.schedules.auto import (choose_kernel_schedule, kernel_costs, kernel_dq_chains,
+def _kernel_model(args: argparse.Namespace, problem: Problem) -> tuple[Costs, int, int, int, str | None]:
+    """``--kernel``: costs, pipeline depth, dQ and dK/dV chains of DASH's kernel for the shape's
+    head dim, mask and KV groups, and what deterministic ``auto`` picks (None for varlen or a
+    window: auto sees neither)."""
+    from dash.schedules.auto import (choose_kernel_schedule, kernel_costs, kernel_dkv_chains, kernel_dq_chains,
                                      kernel_pipeline_depth)
 
     causal = problem.mask == "causal"
@@ -185,7 +189,8 @@ def _kernel_model(args: argparse.Namespace, problem: Problem) -> tuple[Costs, in
         pick = choose_kernel_schedule(problem.batch, problem.heads_q, problem.heads_kv, problem.seqlen_q,
                                       problem.seqlen_k, args.hdim, causal, args.ctas)
     return (kernel_costs(args.hdim, causal), kernel_pipeline_depth(args.hdim, causal),
-            kernel_dq_chains(args.hdim, causal), pick)
+            kernel_dq_chains(args.hdim, causal),
+            kernel_dkv_chains(args.hdim, causal, problem.heads_q // problem.heads_kv), pick)
 
 
 def run_simulate(args: argparse.Namespace) -> int:
@@ -199,7 +204,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         return usage_error("simulate", str(e))
     auto_pick = None
     if getattr(args, "kernel", False):
-        costs, args.pipeline_depth, args.dq_chains, auto_pick = _kernel_model(args, problem)
+        costs, args.pipeline_depth, args.dq_chains, args.kv_chains, auto_pick = _kernel_model(args, problem)
     results: dict[str, SimResult] = {}
     errors: dict[str, str] = {}
     for name in names:
@@ -208,7 +213,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         except ValueError as e:
             errors[name] = str(e)
             continue
-        results[name] = simulate(plan, costs, args.pipeline_depth, chains=args.dq_chains)
+        results[name] = simulate(plan, costs, args.pipeline_depth, chains=args.dq_chains, kv_chains=args.kv_chains)
 
     if args.json:
         out = {"schedules": {}}
@@ -223,6 +228,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         out["ctas"] = args.ctas
         out["costs"] = costs.as_dict()
         out["dq_chains"] = args.dq_chains
+        out["kv_chains"] = args.kv_chains
         out["pipeline_depth"] = args.pipeline_depth
         if getattr(args, "kernel", False):
             out["auto"] = auto_pick
@@ -231,7 +237,8 @@ def run_simulate(args: argparse.Namespace) -> int:
     else:
         print(f"DASH scheduling model: {problem.describe()}; {args.ctas} CTAs; "
               f"costs c={costs.c:g} r={costs.r:g} latency={costs.latency:g}; pipeline depth {args.pipeline_depth}; "
-              f"dQ chains {args.dq_chains}")
+              f"dQ chains {args.dq_chains}" + (f"; dK/dV chains {args.kv_chains}"
+                                                 if problem.heads_q > problem.heads_kv else ""))
         print(f"{'schedule':<16} {'makespan':>10} {'/ bound':>8} {'idle %':>7} {'worst wait':>11} "
               f"{'deadlock-free':>14} {'portable':>9}")
         for name in names:

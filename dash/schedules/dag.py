@@ -142,17 +142,19 @@ def edge_keeps_all_starts(dag: Dag, u: int, v: int) -> bool:
     return bool(np.allclose(dag.with_edge(u, v).earliest_start(), dag.earliest_start(), rtol=0, atol=1e-9))
 
 
-def plan_dag(plan, costs=None, depth: int = 1, *, with_turns: bool = True, chains: int = 1) -> tuple[Dag, dict]:
+def plan_dag(plan, costs=None, depth: int = 1, *, with_turns: bool = True, chains: int = 1,
+             kv_chains: int = 1) -> tuple[Dag, dict]:
     """The simulator's model of ``plan`` as an explicit DAG (for small plans).
 
     Nodes: ``C[k]`` compute and ``R[k]`` reduction of step k (``plan.steps()`` order), then one
     epilogue node per column. Edges: program order of compute and of reductions on a CTA,
     ``C[k] -> R[k]``, ``R[k-1-depth] -> C[k]``, the epilogue between a column's last step and
     the next column, and — when ``with_turns`` — ``R[prev turn] -> R[k]`` with the hand-off
-    latency, plus the GQA dK/dV chain. Its critical path length equals the simulated makespan.
+    latency, plus the GQA dK/dV chains (``kv_chains``, ``simulate.kv_links``). Its critical path
+    length equals the simulated makespan.
     Returns the DAG and an index: ``{"C": (S,), "R": (S,), "E": (K,), "turn_edges": [(u, v)]}``.
     """
-    from dash.schedules.simulate import Costs, _turn_links
+    from dash.schedules.simulate import Costs, _turn_links, kv_links
 
     costs = Costs() if costs is None else costs
     t = plan.tiling
@@ -193,10 +195,9 @@ def plan_dag(plan, costs=None, depth: int = 1, *, with_turns: bool = True, chain
             edges.append((int(R[pred[k]]), int(R[k]), costs.latency))
             turn_edges.append((int(R[pred[k]]), int(R[k])))
     if with_turns and with_epi and group > 1:
-        cidx = plan.column_index()
-        for ci, (b, h, n) in enumerate(plan.cols.astype(int)):
-            if h % group:
-                edges.append((int(E[cidx[b, h - 1, n]]), int(E[ci]), costs.latency))
+        kvpred, _ = kv_links(plan, kv_chains)
+        for ci, p in zip(*np.nonzero(kvpred >= 0)):
+            edges.append((int(E[kvpred[ci, p]]), int(E[ci]), costs.latency))
     if not with_epi:
         weights = weights[:2 * S]
         E = np.zeros(0, dtype=np.int64)

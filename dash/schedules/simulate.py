@@ -9,8 +9,10 @@ The kernel model, per CTA, for its steps k = 0, 1, ... in work-list order:
   reduction ended (one dQ writer) and the contribution with the previous turn on the same Q
   tile ended its reduction plus the semaphore hand-off ``latency``;
 * after the last step of a column the consumers run the column's epilogue (cost
-  ``epilogue + r_kv``); under GQA it first waits for the same column of the previous query
-  head of its KV group (ascending head order), so deadlocks through dK/dV are caught too.
+  ``epilogue + r_kv``); under GQA the query heads ``j = 0 ... G-1`` of a KV group sum their
+  dK/dV in ``kv_chains`` = C chains (``kv_links``): head ``j < G-1`` first waits for the same
+  column of head ``j - C`` (its chain's previous add), head ``G-1`` for the last add of every
+  chain (it sums them); C = 1 is ascending head order. Deadlocks through dK/dV are caught too.
 
 All start times are a max-plus function of the plan, so the simulation is a longest-path
 evaluation: CTAs advance lazily and block only on values another CTA has not produced yet.
@@ -185,12 +187,46 @@ def _turn_links(st: dict[str, np.ndarray], plan: Plan, chains: int = 1) -> tuple
     return pred, succ
 
 
+def kv_links(plan: Plan, kv_chains: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """GQA dK/dV waits between the columns of a KV group: ``(preds, succ)``.
+
+    ``preds`` (K, C) holds, per column, the columns whose dK/dV writes its own waits for (-1:
+    none), ``succ`` (K,) the one column that waits for it (-1: none). With G query heads per KV
+    head and C = min(kv_chains, G - 1) chains, head ``j < G-1`` is add ``j // C`` of chain
+    ``j % C`` and waits for head ``j - C``; head ``G-1`` waits for the last head of every chain
+    and sums the chains (``store_dkv`` of csrc/kernels/bwd_epilogue.h). Every wait points to a
+    lower query head of the same column."""
+    K = len(plan.cols)
+    group = plan.tiling.problem.heads_q // plan.tiling.problem.heads_kv
+    C = max(1, min(int(kv_chains), group - 1))
+    preds = np.full((K, C), -1, dtype=np.int64)
+    succ = np.full(K, -1, dtype=np.int64)
+    if group < 2 or K == 0:
+        return preds, succ
+    cidx = plan.column_index()
+    b, h, n = (plan.cols[:, i].astype(np.int64) for i in range(3))
+    j = h % group
+    mid = (j < group - 1) & (j >= C)
+    preds[mid, 0] = cidx[b[mid], h[mid] - C, n[mid]]
+    last = j == group - 1
+    first_head = h[last] - j[last]
+    for c in range(C):
+        jc = c + C * ((group - 2 - c) // C)  # the chain's last head
+        preds[last, c] = cidx[b[last], first_head + jc, n[last]]
+    has = preds >= 0
+    succ[preds[has]] = np.nonzero(has)[0]
+    return preds, succ
+
+
 def simulate(plan: Plan, costs: Costs | None = None, depth: int = 1, *,
-             c_steps: np.ndarray | None = None, r_steps: np.ndarray | None = None, chains: int = 1) -> SimResult:
+             c_steps: np.ndarray | None = None, r_steps: np.ndarray | None = None, chains: int = 1,
+             kv_chains: int = 1) -> SimResult:
     """Simulate ``plan`` with ``costs`` and a compute/reduce pipeline ``depth`` (0 = no overlap).
 
     ``chains``: accumulation chains per Q tile (1: every contribution waits for the previous
     turn, the paper's model; the kernel's deterministic mode uses ``dq_chains`` of its tile config).
+    ``kv_chains``: GQA dK/dV accumulation chains per KV group (``kv_links``; the kernel's
+    deterministic mode uses ``dkv_chains`` of its tile config, at most G - 1).
 
     ``c_steps`` / ``r_steps`` (S,) override the compute / reduction cost of every step (in
     ``plan.steps()`` order), e.g. to check that a schedule stays deadlock-free and keeps its
@@ -224,26 +260,20 @@ def simulate(plan: Plan, costs: Costs | None = None, depth: int = 1, *,
         ops[pos_step] = np.arange(S)
         ops[pos_epi] = -(np.arange(K) + 1)
         op_ptr = plan.step_ptr + plan.cta_ptr
-        kvpred = np.full(K, -1, dtype=np.int64)
-        if group > 1:
-            cidx = plan.column_index()
-            b, h, n = (plan.cols[:, i].astype(np.int64) for i in range(3))
-            has = h % group > 0
-            kvpred[has] = cidx[b[has], h[has] - 1, n[has]]
-        kvsucc = np.full(K, -1, dtype=np.int64)
-        kvsucc[kvpred[kvpred >= 0]] = np.flatnonzero(kvpred >= 0)
+        kvpred, kvsucc = kv_links(plan, kv_chains)
         col_cta = plan.col_cta()
         kvsucc_cta = np.where(kvsucc >= 0, col_cta[np.maximum(kvsucc, 0)], -1)
+        kvpred_lists = [[int(v) for v in row if v >= 0] for row in kvpred] if group > 1 else [[]] * K
         raw = _run_general(op_ptr.tolist(), ops.tolist(), plan.step_ptr.tolist(),
                            c_arr.tolist(), r_arr.tolist(), pred.tolist(), succ_cta.tolist(),
-                           kvpred.tolist(), kvsucc_cta.tolist(), K, float(epi_cost),
+                           kvpred_lists, kvsucc_cta.tolist(), K, float(epi_cost),
                            float(costs.latency), int(depth))
     else:
         ops = None
         op_ptr = plan.step_ptr
         raw = _run_fast(op_ptr.tolist(), c_arr.tolist(), r_arr.tolist(), pred.tolist(),
                         succ_cta.tolist(), float(costs.latency), int(depth))
-        kvpred = np.full(K, -1, dtype=np.int64)
+        kvpred = np.full((K, 1), -1, dtype=np.int64)
     cs, ce, rs, re, ks, ke, blocked = raw
     cs, ce, rs, re = (np.asarray(a, dtype=np.float64) for a in (cs, ce, rs, re))
     ks, ke = np.asarray(ks, dtype=np.float64), np.asarray(ke, dtype=np.float64)
@@ -277,7 +307,7 @@ def simulate(plan: Plan, costs: Costs | None = None, depth: int = 1, *,
     idle = 1.0 - busy / makespan if ok and makespan > 0 else np.zeros(P)
 
     lb_work, lb_chain = _lower_bounds(plan, st, c_arr, r_arr, costs, depth, lens, epi_cost if with_epi else 0.0,
-                                      group, col_of_step, chains)
+                                      group, col_of_step, chains, kv_chains)
     res = SimResult(plan, costs, depth, ok, makespan, max(lb_work, lb_chain), lb_work, lb_chain,
                     cs, ce, rs, re, turn_wait, tile_wait, busy, idle, ks, ke, blocked)
     res._ops = (ops, op_ptr, pred, kvpred, c_arr, r_arr, epi_cost if with_epi else None)
@@ -286,7 +316,7 @@ def simulate(plan: Plan, costs: Costs | None = None, depth: int = 1, *,
 
 def _lower_bounds(plan: Plan, st: dict, c_arr: np.ndarray, r_arr: np.ndarray, costs: Costs, depth: int,
                   lens: np.ndarray, epi: float, group: int, col_of_step: np.ndarray,
-                  chains: int = 1) -> tuple[float, float]:
+                  chains: int = 1, kv_chains: int = 1) -> tuple[float, float]:
     """Total work / P and the longest chain any schedule must respect."""
     P, K = plan.ctas, len(plan.cols)
     work_c = float(c_arr.sum()) + epi * K
@@ -313,7 +343,9 @@ def _lower_bounds(plan: Plan, st: dict, c_arr: np.ndarray, r_arr: np.ndarray, co
         tile_chain = cmin[has] + rsum[has] + (cnt[has] - 1) * costs.latency
         chain = max(chain, float(tile_chain.max()))
     if group > 1 and K:
-        chain = max(chain, group * epi + (group - 1) * costs.latency)
+        # The longest dK/dV chain of a group, then the last head's epilogue after it.
+        adds = -(-(group - 1) // max(1, min(kv_chains, group - 1)))
+        chain = max(chain, (adds + 1) * epi + adds * costs.latency)
     return work / P, chain
 
 
@@ -427,15 +459,18 @@ def _run_general(op_ptr: list, ops: list, step_ptr: list, c: list, r: list, pred
                     else:
                         col = -op - 1
                         s = ce_prev
-                        p = kvpred[col]
-                        if p >= 0:
+                        waiting = -1
+                        for p in kvpred[col]:
                             v = ke[p]
                             if v < 0:
-                                b_kv[x] = p
+                                waiting = p
                                 break
                             v += lat
                             if v > s:
                                 s = v
+                        if waiting >= 0:
+                            b_kv[x] = waiting
+                            break
                         ks[col] = s
                         ce_prev = s + epi
                         ke[col] = ce_prev
@@ -549,9 +584,9 @@ def _critical_path(res: SimResult) -> list[PathNode]:
                         prev = ops[pos - 1]
                         nxt = ("compute", int(prev)) if prev >= 0 else ("epilogue", int(-prev - 1))
         else:  # epilogue
-            p = kvpred[k]
-            if p >= 0 and abs(ke[p] + lat - ks[k]) <= eps and ks[k] > 0:
-                nxt = ("epilogue", int(p))
+            bound = [int(p) for p in kvpred[k] if p >= 0 and abs(ke[p] + lat - ks[k]) <= eps]
+            if bound and ks[k] > 0:
+                nxt = ("epilogue", bound[0])
             elif ks[k] > eps:
                 pos = pos_epi[k]
                 if not op_first[pos]:

@@ -85,6 +85,16 @@ class TraceResult:
 
         return kernel_dq_chains(self.problem.head_dim, self.problem.causal) if self.deterministic else 1
 
+    @property
+    def kv_chains(self) -> int:
+        """GQA dK/dV accumulation chains of the traced run: the kernel's (``kernel_dkv_chains``)
+        when deterministic, else 1 (the model's ascending order; the kernel does not order them)."""
+        from dash.schedules.auto import kernel_dkv_chains
+
+        p = self.problem
+        group = p.heads_q // p.heads_kv
+        return kernel_dkv_chains(p.head_dim, p.causal, group) if self.deterministic else 1
+
     def _chain_of_turn(self) -> np.ndarray:
         return self.records["turn"] % self.chains
 
@@ -238,7 +248,7 @@ class TraceResult:
         from dash.schedules.auto import kernel_pipeline_depth
 
         depth = kernel_pipeline_depth(self.problem.head_dim, self.problem.causal)
-        return simulate(self.plan(), costs or self.fit_costs(), depth, chains=self.chains)
+        return simulate(self.plan(), costs or self.fit_costs(), depth, chains=self.chains, kv_chains=self.kv_chains)
 
     def summary(self) -> dict:
         """Numbers for a report: steps, makespan, wait fractions, fitted costs, model makespan."""

@@ -174,6 +174,16 @@ def test_every_schedule_bitwise_1000_repeats(head_dim, causal):
         _repeat_bitwise(q, k, v, dout, out, lse, causal, schedule, 1000, f"d={head_dim} causal={causal} {_tag(seed)}")
 
 
+#: (batch, seqlen, heads, heads_kv) per (head dim, causal) on which the model, were auto free to rank
+#: for the launched grid, would pick different schedules on 132, 131, 114 and 78 CTAs; and the shape
+#: of test_auto_bits_do_not_depend_on_the_grid_where_the_model_would_choose_differently (hdim 128,
+#: causal). tests/test_gpu_test_policy.py checks both on the CPU, so that a model change that takes
+#: away the per-grid choice fails in CI rather than on the GPU.
+AUTO_PER_GRID_SHAPES = {(64, False): (4, 768, 16, 4), (128, False): (2, 1536, 16, 4),
+                        (64, True): (2, 1152, 16, 4), (128, True): (2, 1536, 16, 4)}
+AUTO_GRID_SHAPE = (2, 1280, 16, 2)
+
+
 def _portable_margins(sms):
     """sm_margins standing in for other Hopper parts (H100 PCIe 114, H20 78 SMs), 99, 7 and 1 CTAs."""
     return [m for m in sorted({1, sms - 114, sms - 78, 33, sms - 7, sms - 1}) if 0 < m < sms]
@@ -208,9 +218,8 @@ def test_portable_schedules_give_the_same_bits_for_any_cta_count(head_dim, causa
     # descending twice, fa3 twice; causal hdim 128, 2 x 1536: descending, descending, fa3,
     # descending. (Causal rows are longer than 1024 tokens: auto takes fa3 there without the model.)
     seed = _seed("portable-auto", head_dim, causal)
-    batch, seqlen = {(64, False): (4, 768), (128, False): (2, 1536), (64, True): (2, 1152),
-                     (128, True): (2, 1536)}[(head_dim, causal)]
-    q, k, v, dout = _inputs(batch, seqlen, seqlen, 16, 4, head_dim, seed)
+    batch, seqlen, heads, heads_kv = AUTO_PER_GRID_SHAPES[(head_dim, causal)]
+    q, k, v, dout = _inputs(batch, seqlen, seqlen, heads, heads_kv, head_dim, seed)
     out, lse = _forward(q, k, v, causal)
     _assert_auto_bits_do_not_depend_on_the_grid(q, k, v, dout, out, lse, causal, _tag(seed))
 
@@ -245,7 +254,8 @@ def test_auto_bits_do_not_depend_on_the_grid_where_the_model_would_choose_differ
     and the kernel's dK/dV chains, ranks descending first on 132 CTAs and fa3 first on 131, 114
     and 78."""
     seed = _seed("auto-grid")
-    q, k, v, dout = _inputs(2, 1280, 1280, 16, 2, 128, seed)
+    batch, seqlen, heads, heads_kv = AUTO_GRID_SHAPE
+    q, k, v, dout = _inputs(batch, seqlen, seqlen, heads, heads_kv, 128, seed)
     out, lse = _forward(q, k, v, True)
     _assert_auto_bits_do_not_depend_on_the_grid(q, k, v, dout, out, lse, True, _tag(seed))
 

@@ -29,7 +29,12 @@ void bwd_set_workspace(BwdParams& params, void* workspace);
 // kBlockN of the backward's tiles: columns of a head = ceil(seqlen_k / kBlockN).
 int bwd_block_n(BwdParams const& params);
 
-// GQA dK/dV accumulation chains of a deterministic run (the config's kdKVChains, at most
+// GQA: true if the kernel sums each group's dK/dV in ordered chains and writes dk/dv
+// (deterministic, or groups of at most the config's kNondetdKVChainsMaxGroup query heads);
+// false if the heads add into a zeroed dk_accum / dv_accum that the caller casts.
+bool bwd_dkv_ordered(BwdParams const& params);
+
+// GQA dK/dV accumulation chains of an ordered run (the config's kdKVChains, at most
 // heads / heads_k - 1); 1 otherwise. dk_accum / dv_accum hold this many copies of k's shape.
 int bwd_dkv_chains(BwdParams const& params);
 

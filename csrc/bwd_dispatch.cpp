@@ -158,8 +158,15 @@ int bwd_block_n(BwdParams const& p) {
   return with_tile_config(p, [](auto cfg) { return int(decltype(cfg)::kBlockN); });
 }
 
+bool bwd_dkv_ordered(BwdParams const& p) {
+  return with_tile_config(p, [&](auto cfg) { return dkv_ordered_for(decltype(cfg)::kNondetdKVChainsMaxGroup, p); });
+}
+
 int bwd_dkv_chains(BwdParams const& p) {
-  return with_tile_config(p, [&](auto cfg) { return dkv_chains_for(decltype(cfg)::kdKVChains, p); });
+  return with_tile_config(p, [&](auto cfg) {
+    using Cfg = decltype(cfg);
+    return dkv_chains_for(Cfg::kdKVChains, Cfg::kNondetdKVChainsMaxGroup, p);
+  });
 }
 
 int64_t bwd_trace_steps(BwdParams const& p) {

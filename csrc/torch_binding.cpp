@@ -336,16 +336,19 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> run_backward(Tensor const& dout_in, T
     p.dk_strides = bshd_strides(as_bshd(dk));
     p.dv_strides = bshd_strides(as_bshd(dv));
   };
+  bool const dkv_ordered = gqa && dash::bwd_dkv_ordered(p);
   if (gqa) {
     // The query heads of a KV group sum their dK/dV in fp32 in the kernel (csrc/kernels/
-    // bwd_epilogue.h, store_dkv). Deterministic: in chains that the group's last query head
-    // sums into dk/dv (any contents: each chain's first add stores). Otherwise: adds into one
-    // zeroed accumulator, cast below.
+    // bwd_epilogue.h, store_dkv). Ordered (deterministic, or a small group): in chains that the
+    // group's last query head sums into dk/dv (any contents: each chain's first add stores).
+    // Otherwise: adds into one zeroed accumulator, cast below.
     auto const f32 = k.options().dtype(at::kFloat);
-    int64_t const chains = p.deterministic ? dash::bwd_dkv_chains(p) : 1;
+    int64_t const chains = dkv_ordered ? dash::bwd_dkv_chains(p) : 1;
     int64_t const numel = k.numel();  // (batch, seqlen_k, heads_k, d), or varlen (total_k, heads_k, d)
-    dk_accum = p.deterministic ? at::empty({chains * numel}, f32) : at::zeros({numel}, f32);
-    dv_accum = p.deterministic ? at::empty({chains * numel}, f32) : at::zeros({numel}, f32);
+    // dK's chains, then dV's: one allocation (and, unordered, one fill).
+    Tensor const dkv_accum = dkv_ordered ? at::empty({2, chains * numel}, f32) : at::zeros({2, numel}, f32);
+    dk_accum = dkv_accum[0];
+    dv_accum = dkv_accum[1];
     int64_t const block_n = dash::bwd_block_n(p);
     int64_t const n_blocks = (int64_t(p.seqlen_k) + block_n - 1) / block_n;  // varlen: the longest sequence's
     dkv_semaphore = at::zeros({batch * heads_k * n_blocks * chains}, k.options().dtype(at::kInt));
@@ -354,7 +357,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> run_backward(Tensor const& dout_in, T
     p.dkv_accum_strides = bshd_strides(as_bshd(dk_accum.narrow(0, 0, numel).view(k.sizes())));
     p.dkv_chain_stride = numel;
     p.dkv_semaphore = dkv_semaphore.data_ptr<int>();
-    if (p.deterministic) { set_dkv_outputs(); }
+    if (dkv_ordered) { set_dkv_outputs(); }
   } else {
     set_dkv_outputs();
   }
@@ -383,10 +386,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> run_backward(Tensor const& dout_in, T
     trace_records = at::empty({0, int64_t(sizeof(dash::BwdTraceRecord) / 8)}, q.options().dtype(at::kLong));
   }
 
-  poison_outputs_if_requested({&dq, &dk, &dv});  // dk, dv are undefined here under non-deterministic GQA
+  poison_outputs_if_requested({&dq, &dk, &dv});  // dk, dv are undefined here under unordered GQA
   poison_dq_accum_if_requested(p);
   call_library([&] { dash::run_bwd(p, at::cuda::getCurrentCUDAStream()); });
-  if (gqa && !p.deterministic) {
+  if (gqa && !dkv_ordered) {
     dk = at::empty_like(k);
     dv = at::empty_like(v);
     dk.copy_(dk_accum.view(k.sizes()));

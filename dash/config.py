@@ -87,6 +87,13 @@ class BwdTileConfig:
     # (32/8 causal 8k +3.4 %); 1 chain +1.5 to +9.4 % (better at 6/1, worse at 8/1); 4 chains
     # -6 % at 6/1 (the last head reads every chain).
     dkv_chains: int = 2
+    # Non-deterministic GQA with at most this many query heads per KV head sums dK / dV in the
+    # same ordered chains (no zero-filled accumulator, no casts after the kernel; dQ stays
+    # unordered); larger groups add into one zeroed fp32 accumulator that the binding casts.
+    # Measured on the H100 (docs/kernel-notes.md, thirty-sixth pass), chains / adds + casts,
+    # non-deterministic kernel alone: G = 2 +4.9 to +13.1 %, G = 4 -1.9 to +5.3 % (causal 4k
+    # +5 %, 8k-16k -2 to +1 %), G = 6 and 8 -4 to -24 % (the group's heads queue on the chains).
+    nondet_dkv_chains_max_group: int = 4
     note: str = ""
 
     def __post_init__(self) -> None:
@@ -110,6 +117,9 @@ class BwdTileConfig:
             raise ValueError(f"dq_chains={self.dq_chains} must be 1, 2 or 4")
         if not 1 <= self.dkv_chains <= 8:
             raise ValueError(f"dkv_chains={self.dkv_chains} must be 1 ... 8")
+        if self.nondet_dkv_chains_max_group < 1:
+            raise ValueError(f"nondet_dkv_chains_max_group={self.nondet_dkv_chains_max_group} must be >= 1 "
+                             "(1: never, no GQA group is that small)")
         if self.exp2_fma_every == 1 or self.exp2_fma_every < 0:
             raise ValueError(f"exp2_fma_every={self.exp2_fma_every} must be 0 (all on MUFU) or >= 2")
 
@@ -397,6 +407,7 @@ def render_cpp_header() -> str:
             f"  static constexpr int kStagesdQ = {cfg.dq_stages};",
             f"  static constexpr int kdQChains = {cfg.dq_chains};",
             f"  static constexpr int kdKVChains = {cfg.dkv_chains};",
+            f"  static constexpr int kNondetdKVChainsMaxGroup = {cfg.nondet_dkv_chains_max_group};",
             f"  static constexpr int kExp2FmaEvery = {cfg.exp2_fma_every};",
             f"  static constexpr bool kLseEarlyNondet = {'true' if cfg.lse_early_nondet else 'false'};",
             f"  static constexpr bool kLseEarlyDet = {'true' if cfg.lse_early_det else 'false'};",

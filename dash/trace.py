@@ -87,13 +87,14 @@ class TraceResult:
 
     @property
     def kv_chains(self) -> int:
-        """GQA dK/dV accumulation chains of the traced run: the kernel's (``kernel_dkv_chains``)
-        when deterministic, else 1 (the model's ascending order; the kernel does not order them)."""
+        """GQA dK/dV accumulation chains of the traced run: the kernel's (``kernel_dkv_chains``;
+        without determinism only small groups are ordered, larger ones get 1: the model's
+        ascending order, which the kernel does not keep)."""
         from dash.schedules.auto import kernel_dkv_chains
 
         p = self.problem
         group = p.heads_q // p.heads_kv
-        return kernel_dkv_chains(p.head_dim, p.causal, group) if self.deterministic else 1
+        return kernel_dkv_chains(p.head_dim, p.causal, group, self.deterministic)
 
     def _chain_of_turn(self) -> np.ndarray:
         return self.records["turn"] % self.chains

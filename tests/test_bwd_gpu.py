@@ -112,8 +112,9 @@ def test_every_output_element_written(seqlens, causal, head_dim, heads, heads_k,
     (DASH_POISON_OUTPUTS); none may survive. Causal with seqlen_q > seqlen_k: the rows before
     seqlen_q - seqlen_k see no key, so whole Q tiles have no column contributing to them (1000x100:
     7 of 8 tiles of 128 rows at hdim 64, 14 of 16 of 64 rows at hdim 128; 239x1: 1 of 2, 3 of 4),
-    and their dq rows must still be written, as 0. GQA 6/2, deterministic: the kernel writes dk
-    and dv from the group's last query head (two dK/dV chains before it)."""
+    and their dq rows must still be written, as 0. GQA 6/2 (three query heads per KV head, ordered
+    in both modes, config.py nondet_dkv_chains_max_group): the kernel writes dk and dv from the
+    group's last query head (two dK/dV chains before it)."""
     monkeypatch.setenv("DASH_POISON_OUTPUTS", "1")
     sq, sk = seqlens
     seed = _seed("poison", seqlens, causal, head_dim, heads, heads_k)

@@ -97,6 +97,27 @@ def test_claimed_kernel_schedules_equal_the_model_gqa(probe, name, sq, sk, causa
     _check(probe, name, Problem(2, heads, sq, sk, head_dim=128, heads_kv=heads_kv, causal=causal), 7)
 
 
+@pytest.mark.parametrize("name", ["fa3", "interleaved", "descending"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("heads, heads_kv", [(4, 2), (6, 2), (8, 2), (32, 8)])
+@pytest.mark.parametrize("sq, sk", [(239, 1), (1000, 777), (128, 4096), (4224, 4224)])
+def test_non_deterministic_claims_keep_gqa_siblings_in_query_head_order(probe, name, sq, sk, causal, heads,
+                                                                         heads_kv):
+    """Non-deterministic GQA with small groups sums dK/dV in the ordered chains too
+    (config.py nondet_dkv_chains_max_group), whose waits point to the same column of the
+    previous query head of the group: the kernel's non-deterministic claim order (longest
+    columns first, other turns) must still claim that column earlier, or a grid smaller than
+    the work could deadlock."""
+    p = Problem(2, heads, sq, sk, head_dim=128, heads_kv=heads_kv, causal=causal)
+    count, cols, *_ = _kernel(probe, name, p, 7, det=False)
+    pos = {(int(b), int(h), int(n)): L for L, (n, h, b) in enumerate(cols[:count])}
+    assert len(pos) == count == cols.shape[0]
+    g = heads // heads_kv
+    for (b, h, n), L in pos.items():
+        if h % g:
+            assert pos[(b, h - 1, n)] < L, (name, b, h, n)
+
+
 @pytest.mark.parametrize("sq, sk", [(s, k) for s, k in SHAPES if -(-s // 64) >= min(-(-k // 128), 7)])
 @pytest.mark.parametrize("ctas", [1, 3, 7, 132])
 @pytest.mark.parametrize("hdim", [64, 128])

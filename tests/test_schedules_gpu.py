@@ -24,7 +24,7 @@ import torch
 from dash import reference
 from dash.api import attention_backward
 from dash.config import KERNEL_SCHEDULES, PORTABLE_KERNEL_SCHEDULES, bwd_tile_config
-from dash.schedules.auto import kernel_dkv_chains, rank_kernel_schedules
+from dash.schedules.auto import kernel_dkv_chains, kernel_dkv_ordered, rank_kernel_schedules
 
 pytestmark = pytest.mark.gpu
 
@@ -374,6 +374,29 @@ def test_gqa_in_kernel_reduction_accuracy_and_bits(heads, heads_k, causal):
         got = attention_backward(dout, q, k, v, out, lse, causal=causal, deterministic=True, schedule=schedule,
                                  sm_margin=_sms() - 3)
         assert all(torch.equal(a, b) for a, b in zip(grads, got)), f"{label} {schedule}: bits depend on the grid"
+
+
+@pytest.mark.parametrize("heads, heads_k", [(6, 2), (8, 2), (8, 1)], ids=["g3_chains", "g4_chains", "g8_adds"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gqa_nondeterministic_sums(head_dim, causal, heads, heads_k):
+    """Without determinism, groups of at most nondet_dkv_chains_max_group query heads sum dK/dV
+    in the ordered chains (G 3: two chains of one add each; G 4: a head waits for the head two
+    before it), larger ones add into a zeroed accumulator that the binding casts: accurate for
+    every schedule (shift included: its own kernel), on the full grid and on grids of 1 and 3
+    CTAs (heads arrive in other orders, waits on columns not yet run), with uneven column tails
+    (seqlen_k 777 is a multiple of no tile)."""
+    group = heads // heads_k
+    assert kernel_dkv_ordered(head_dim, causal, group, deterministic=False) == (group <= 4)
+    seed = _seed("gqa-nondet", head_dim, causal, heads, heads_k)
+    q, k, v, dout = _inputs(2, 1025, 777, heads, heads_k, head_dim, seed)
+    out, lse = _forward(q, k, v, causal)
+    for schedule in _schedules(causal):
+        for sm_margin in (0, _sms() - 3, _sms() - 1):
+            label = f"GQA {heads}/{heads_k} nondet d={head_dim} causal={causal} {schedule} sm_margin={sm_margin} {_tag(seed)}"
+            grads = attention_backward(dout, q, k, v, out, lse, causal=causal, deterministic=False,
+                                       schedule=schedule, sm_margin=sm_margin)
+            _check(q, k, v, dout, out, lse, causal, grads, label)
 
 
 def test_gqa_has_no_per_head_dk_dv_copies():

@@ -229,10 +229,12 @@ struct BwdEpilogue {
   // Without GQA: dK, dV of the column as Element rows. With GQA the G query heads of a KV
   // group sum their dK, dV in fp32 (each query head j = h mod G contributes once per column):
   //
-  // Non-deterministic: every head adds into one zeroed accumulator (red.global.add.v2.f32),
-  // which the caller casts afterwards.
+  // Unordered (non-deterministic groups of more than the config's kNondetdKVChainsMaxGroup
+  // heads): every head adds into one zeroed accumulator (red.global.add.v2.f32), which the
+  // caller casts afterwards.
   //
-  // Deterministic: heads 0 ... G - 2 accumulate in C = dkv_chains independent chains (fp32
+  // Ordered (deterministic, and smaller non-deterministic groups, where the chains beat the
+  // zero-fill and casts: bwd_params.h dkv_ordered_for): heads 0 ... G - 2 accumulate in C = dkv_chains independent chains (fp32
   // copies of the group's dK / dV, config.py dkv_chains), head j as add r = j / C of chain
   // c = j % C; the last head, G - 1, waits for every chain to be complete, adds the chains to
   // its own dK / dV in index order and writes the Element outputs: no cast afterwards and no
@@ -248,7 +250,10 @@ struct BwdEpilogue {
   // The last head acquires each chain's final count (the number of heads j < G - 1 with
   // j mod C == c) the same way before it reads the chains.
   // Waits point to the same column of a lower query head, which every schedule claims or
-  // runs earlier (schedule.h), so they cannot deadlock.
+  // runs earlier (schedule.h), so they cannot deadlock. That holds for the non-deterministic
+  // claim orders too: they differ from the deterministic ones only in which column a column
+  // rank is (longest first), and the heads of a group keep their order within every rank
+  // (head_slots, claim_rank in dash/schedules/orders.py; tests/test_schedules.py checks it).
   // `seq`: the column's sequence (varlen; rows offset by its first key row, clipped at its
   // length). The fragments are consumed (the last head adds the chains into them).
   template <class Frag>
@@ -280,7 +285,7 @@ struct BwdEpilogue {
       int64_t const offset = batch_offset(st) + int64_t(h_kv) * st.head;
       float* const dk_sum = params.dk_accum + offset;
       float* const dv_sum = params.dv_accum + offset;
-      if (!params.deterministic) {
+      if (!params.dkv_ordered) {
         write_acc_rows_f32(tdKrdK, tdKVcdKV, params.softmax_scale, dk_sum, st.row, row0, seqlen_k, /*store=*/false);
         write_acc_rows_f32(tdVrdV, tdKVcdKV, 1.0f, dv_sum, st.row, row0, seqlen_k, /*store=*/false);
         return;

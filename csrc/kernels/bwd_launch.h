@@ -184,9 +184,10 @@ void run_bwd_impl(BwdParams const& p, cudaStream_t stream) {
   if (gqa && (p.dk_accum == nullptr || p.dv_accum == nullptr || p.dkv_semaphore == nullptr)) {
     throw std::invalid_argument("DASH backward: GQA needs dk_accum, dv_accum and dkv_semaphore");
   }
-  int const dkv_chains = dkv_chains_for(Traits::kdKVChains, p);
-  if (gqa && p.deterministic && (p.dk == nullptr || p.dv == nullptr || (dkv_chains > 1 && p.dkv_chain_stride <= 0))) {
-    throw std::invalid_argument("DASH backward: deterministic GQA writes dk and dv and needs dkv_chain_stride (got dk=" +
+  bool const dkv_ordered = dkv_ordered_for(Traits::kNondetdKVChainsMaxGroup, p);
+  int const dkv_chains = dkv_chains_for(Traits::kdKVChains, Traits::kNondetdKVChainsMaxGroup, p);
+  if (dkv_ordered && (p.dk == nullptr || p.dv == nullptr || (dkv_chains > 1 && p.dkv_chain_stride <= 0))) {
+    throw std::invalid_argument("DASH backward: GQA in ordered chains writes dk and dv and needs dkv_chain_stride (got dk=" +
                                 std::string(p.dk ? "set" : "null") + ", dkv_chain_stride=" +
                                 std::to_string(p.dkv_chain_stride) + ")");
   }
@@ -248,10 +249,10 @@ void run_bwd_impl(BwdParams const& p, cudaStream_t stream) {
   pp.dv = p.dv;
   pp.dk_strides = p.dk_strides;
   pp.dv_strides = p.dv_strides;
-  // Varlen NaN fill: under GQA the accumulator the caller casts, or (deterministic) dk / dv,
-  // which the group's last query head writes.
-  pp.dk_accum = gqa && !p.deterministic ? p.dk_accum : nullptr;
-  pp.dv_accum = gqa && !p.deterministic ? p.dv_accum : nullptr;
+  // Varlen NaN fill: under GQA the accumulator the caller casts, or (ordered) dk / dv, which
+  // the group's last query head writes.
+  pp.dk_accum = gqa && !dkv_ordered ? p.dk_accum : nullptr;
+  pp.dv_accum = gqa && !dkv_ordered ? p.dv_accum : nullptr;
   pp.dkv_accum_strides = p.dkv_accum_strides;
   pp.num_heads_k = p.num_heads_k;
 
@@ -295,6 +296,7 @@ void run_bwd_impl(BwdParams const& p, cudaStream_t stream) {
     mp.dv_accum = gqa ? p.dv_accum : nullptr;
     mp.dkv_accum_strides = p.dkv_accum_strides;
     mp.dkv_chain_stride = p.dkv_chain_stride;
+    mp.dkv_ordered = dkv_ordered;
     mp.dkv_chains = dkv_chains;
     mp.dkv_semaphore = p.dkv_semaphore;
     mp.trace = p.trace;

@@ -46,12 +46,13 @@ struct BwdParams {
 
   // Outputs, shaped like q, k, v. Under GQA (num_heads > num_heads_k) the query heads of a
   // KV group sum their dK/dV in fp32 (bwd_epilogue.h, store_dkv):
-  //  - not deterministic: every head reduce-adds into dk_accum/dv_accum (shaped like k,
+  //  - ordered (deterministic, or a group of at most the config's kNondetdKVChainsMaxGroup
+  //    heads, dkv_ordered_for): dk_accum/dv_accum hold bwd_dkv_chains() chains of k's shape,
+  //    one after the other (dkv_chain_stride floats apart, any contents), and the kernel writes
+  //    dk/dv; dkv_semaphore: (batch, heads_k, num_n_blocks, chains) ints, zeroed by the caller;
+  //  - otherwise: every head reduce-adds into dk_accum/dv_accum (shaped like k,
   //    zero-initialised by the caller), which the caller casts into dk/dv afterwards (dk/dv
-  //    unused by the kernel);
-  //  - deterministic: dk_accum/dv_accum hold bwd_dkv_chains() chains of k's shape, one after
-  //    the other (dkv_chain_stride floats apart, any contents), and the kernel writes dk/dv;
-  //    dkv_semaphore: (batch, heads_k, num_n_blocks, chains) ints, zeroed by the caller.
+  //    unused by the kernel).
   // dkv_accum_strides are those of one chain.
   void* dq = nullptr;
   void* dk = nullptr;
@@ -109,11 +110,20 @@ struct BwdParams {
   int* live_columns = nullptr;
 };
 
-// GQA dK/dV accumulation chains of a deterministic run (store_dkv): the config's `max_chains`,
-// at most one per query head of a group but its last (G - 1); 1 without GQA or determinism.
-inline int dkv_chains_for(int max_chains, BwdParams const& p) {
+// GQA: whether the group's dK/dV sum runs in ordered chains (store_dkv): always when
+// deterministic; without determinism for groups of at most `nondet_max_group` query heads (the
+// config's kNondetdKVChainsMaxGroup: there the chains beat adds into a zeroed accumulator plus
+// the casts after the kernel; larger groups queue on them). False without GQA.
+inline bool dkv_ordered_for(int nondet_max_group, BwdParams const& p) {
   int const group = p.num_heads_k > 0 ? p.num_heads / p.num_heads_k : 1;
-  if (!p.deterministic || group < 2) { return 1; }
+  return group >= 2 && (p.deterministic || group <= nondet_max_group);
+}
+
+// GQA dK/dV accumulation chains of an ordered run (store_dkv): the config's `max_chains`, at
+// most one per query head of a group but its last (G - 1); 1 without GQA or ordering.
+inline int dkv_chains_for(int max_chains, int nondet_max_group, BwdParams const& p) {
+  if (!dkv_ordered_for(nondet_max_group, p)) { return 1; }
+  int const group = p.num_heads / p.num_heads_k;
   return max_chains < group - 1 ? max_chains : group - 1;
 }
 

@@ -40,7 +40,9 @@ struct BwdTraits {
   static constexpr int kStagesdQ = Config::kStagesdQ;
   static constexpr int kExp2FmaEvery = Config::kExp2FmaEvery;  // see BwdTileConfig.exp2_fma_every
   static constexpr int kdQChains = Config::kdQChains;  // deterministic dQ accumulation chains
-  static constexpr int kdKVChains = Config::kdKVChains;  // deterministic GQA dK/dV accumulation chains (max)
+  static constexpr int kdKVChains = Config::kdKVChains;  // ordered GQA dK/dV accumulation chains (max)
+  // Non-deterministic GQA groups of at most this many query heads sum dK/dV in the chains too.
+  static constexpr int kNondetdKVChainsMaxGroup = Config::kNondetdKVChainsMaxGroup;
   // Which launches run the mainloop that loads a step's LSE into registers before its S^T GEMM
   // is issued (BwdMainKernel's kLseEarly; BwdTileConfig.lse_early_nondet / lse_early_det).
   static constexpr bool kLseEarlyNondet = Config::kLseEarlyNondet;
@@ -198,8 +200,9 @@ struct BwdTraits {
     float* dv_accum;
     BSHDStrides dkv_accum_strides;  // of one chain
     int64_t dkv_chain_stride;       // floats from one chain to the next
-    int dkv_chains;                 // GQA + deterministic: chains of heads 0 ... G - 2 (store_dkv)
-    int* dkv_semaphore;             // GQA + deterministic: (b, heads_k, num_n_blocks, dkv_chains)
+    bool dkv_ordered;               // GQA: chains (bwd_params.h dkv_ordered_for), else adds
+    int dkv_chains;                 // GQA + ordered: chains of heads 0 ... G - 2 (store_dkv)
+    int* dkv_semaphore;             // GQA + ordered: (b, heads_k, num_n_blocks, dkv_chains)
     BwdTraceRecord* trace;  // trace mode, else null
     int64_t trace_capacity;
     float softmax_scale;

@@ -145,11 +145,21 @@ def kernel_dq_chains(head_dim: int, causal: bool) -> int:
     return _kernel_table_value(head_dim, causal, "dq_chains")
 
 
-def kernel_dkv_chains(head_dim: int, causal: bool, group: int) -> int:
-    """GQA dK/dV accumulation chains of the kernel's deterministic mode for ``group`` query heads
-    per KV head: ``dkv_chains`` of the config table, at most ``group - 1``; 1 without GQA
-    (``simulate(..., kv_chains=)``; twin of ``dkv_chains_for`` in csrc/kernels/bwd_params.h)."""
+def kernel_dkv_ordered(head_dim: int, causal: bool, group: int, deterministic: bool = True) -> bool:
+    """Whether the kernel sums a GQA group's dK/dV in ordered chains: always when deterministic,
+    otherwise for groups of at most ``nondet_dkv_chains_max_group`` query heads (config table);
+    False without GQA (twin of ``dkv_ordered_for`` in csrc/kernels/bwd_params.h)."""
     if group < 2:
+        return False
+    return deterministic or group <= _kernel_table_value(head_dim, causal, "nondet_dkv_chains_max_group")
+
+
+def kernel_dkv_chains(head_dim: int, causal: bool, group: int, deterministic: bool = True) -> int:
+    """GQA dK/dV accumulation chains of the kernel for ``group`` query heads per KV head:
+    ``dkv_chains`` of the config table, at most ``group - 1``, where the sum is ordered
+    (``kernel_dkv_ordered``); 1 otherwise (``simulate(..., kv_chains=)``; twin of
+    ``dkv_chains_for`` in csrc/kernels/bwd_params.h)."""
+    if not kernel_dkv_ordered(head_dim, causal, group, deterministic):
         return 1
     return max(1, min(_kernel_table_value(head_dim, causal, "dkv_chains"), group - 1))
 

@@ -234,11 +234,12 @@ struct BwdEpilogue {
   // caller casts afterwards.
   //
   // Ordered (deterministic, and smaller non-deterministic groups, where the chains beat the
-  // zero-fill and casts: bwd_params.h dkv_ordered_for): heads 0 ... G - 2 accumulate in C = dkv_chains independent chains (fp32
-  // copies of the group's dK / dV, config.py dkv_chains), head j as add r = j / C of chain
-  // c = j % C; the last head, G - 1, waits for every chain to be complete, adds the chains to
-  // its own dK / dV in index order and writes the Element outputs: no cast afterwards and no
-  // zeroed accumulator (the first add of a chain stores). The sum is the same for every grid
+  // zero-fill and casts: bwd_params.h dkv_ordered_for): heads 0 ... G - 2 accumulate in
+  // C = dkv_chains independent chains (fp32 copies of the group's dK / dV, config.py
+  // dkv_chains), head j as add r = j / C of chain c = j % C; the last head, G - 1, waits for
+  // every chain to be complete, adds the chains to its own dK / dV in index order and writes
+  // the Element outputs: no cast afterwards and no zeroed accumulator (the first add of a
+  // chain stores). The sum is the same for every grid
   // and schedule: ((head G - 1 + chain 0) + chain 1) + ..., each chain summed in head order.
   // Per chain, the same protocol as the dQ tiles:
   //   1. r > 0: thread 0 spins (ld.acquire.gpu) until sem[column][c] == r; the barrier then
@@ -253,7 +254,8 @@ struct BwdEpilogue {
   // runs earlier (schedule.h), so they cannot deadlock. That holds for the non-deterministic
   // claim orders too: they differ from the deterministic ones only in which column a column
   // rank is (longest first), and the heads of a group keep their order within every rank
-  // (head_slots, claim_rank in dash/schedules/orders.py; tests/test_schedules.py checks it).
+  // (head_slots, claim_rank in dash/schedules/orders.py; the kernel's own non-deterministic
+  // orders: tests/test_kernel_schedule_matches_model.py).
   // `seq`: the column's sequence (varlen; rows offset by its first key row, clipped at its
   // length). The fragments are consumed (the last head adds the chains into them).
   template <class Frag>

@@ -325,17 +325,15 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> run_backward(Tensor const& dout_in, T
 
   Tensor dq = at::empty_like(q);
   bool const gqa = heads != heads_k;
-  Tensor dk, dv, dk_accum, dv_accum, dkv_semaphore;
   // empty_like keeps k's and v's layout (a permuted k gets a permuted dk), as the op's fake
   // for torch.compile promises.
-  auto set_dkv_outputs = [&] {
-    dk = at::empty_like(k);
-    dv = at::empty_like(v);
-    p.dk = dk.data_ptr();
-    p.dv = dv.data_ptr();
-    p.dk_strides = bshd_strides(as_bshd(dk));
-    p.dv_strides = bshd_strides(as_bshd(dv));
-  };
+  Tensor dk = at::empty_like(k);
+  Tensor dv = at::empty_like(v);
+  p.dk = dk.data_ptr();
+  p.dv = dv.data_ptr();
+  p.dk_strides = bshd_strides(as_bshd(dk));
+  p.dv_strides = bshd_strides(as_bshd(dv));
+  Tensor dk_accum, dv_accum, dkv_semaphore;
   bool const dkv_ordered = gqa && dash::bwd_dkv_ordered(p);
   if (gqa) {
     // The query heads of a KV group sum their dK/dV in fp32 in the kernel (csrc/kernels/
@@ -349,17 +347,16 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> run_backward(Tensor const& dout_in, T
     Tensor const dkv_accum = dkv_ordered ? at::empty({2, chains * numel}, f32) : at::zeros({2, numel}, f32);
     dk_accum = dkv_accum[0];
     dv_accum = dkv_accum[1];
-    int64_t const block_n = dash::bwd_block_n(p);
-    int64_t const n_blocks = (int64_t(p.seqlen_k) + block_n - 1) / block_n;  // varlen: the longest sequence's
-    dkv_semaphore = at::zeros({batch * heads_k * n_blocks * chains}, k.options().dtype(at::kInt));
     p.dk_accum = dk_accum.data_ptr<float>();
     p.dv_accum = dv_accum.data_ptr<float>();
     p.dkv_accum_strides = bshd_strides(as_bshd(dk_accum.narrow(0, 0, numel).view(k.sizes())));
     p.dkv_chain_stride = numel;
-    p.dkv_semaphore = dkv_semaphore.data_ptr<int>();
-    if (dkv_ordered) { set_dkv_outputs(); }
-  } else {
-    set_dkv_outputs();
+    if (dkv_ordered) {  // the chains' turn counters; unordered adds need none
+      int64_t const block_n = dash::bwd_block_n(p);
+      int64_t const n_blocks = (int64_t(p.seqlen_k) + block_n - 1) / block_n;  // varlen: the longest sequence's
+      dkv_semaphore = at::zeros({batch * heads_k * n_blocks * chains}, k.options().dtype(at::kInt));
+      p.dkv_semaphore = dkv_semaphore.data_ptr<int>();
+    }
   }
 
   p.out = out.data_ptr();
@@ -386,12 +383,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> run_backward(Tensor const& dout_in, T
     trace_records = at::empty({0, int64_t(sizeof(dash::BwdTraceRecord) / 8)}, q.options().dtype(at::kLong));
   }
 
-  poison_outputs_if_requested({&dq, &dk, &dv});  // dk, dv are undefined here under unordered GQA
+  poison_outputs_if_requested({&dq, &dk, &dv});
   poison_dq_accum_if_requested(p);
   call_library([&] { dash::run_bwd(p, at::cuda::getCurrentCUDAStream()); });
-  if (gqa && !dkv_ordered) {
-    dk = at::empty_like(k);
-    dv = at::empty_like(v);
+  if (gqa && !dkv_ordered) {  // the kernel left the sums in the accumulators
     dk.copy_(dk_accum.view(k.sizes()));
     dv.copy_(dv_accum.view(v.sizes()));
   }

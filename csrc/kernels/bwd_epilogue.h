@@ -239,8 +239,8 @@ struct BwdEpilogue {
   // dkv_chains), head j as add r = j / C of chain c = j % C; the last head, G - 1, waits for
   // every chain to be complete, adds the chains to its own dK / dV in index order and writes
   // the Element outputs: no cast afterwards and no zeroed accumulator (the first add of a
-  // chain stores). The sum is the same for every grid
-  // and schedule: ((head G - 1 + chain 0) + chain 1) + ..., each chain summed in head order.
+  // chain stores). The sum is the same for every grid and schedule: ((head G - 1 + chain 0) +
+  // chain 1) + ..., each chain summed in head order.
   // Per chain, the same protocol as the dQ tiles:
   //   1. r > 0: thread 0 spins (ld.acquire.gpu) until sem[column][c] == r; the barrier then
   //      orders every MMA thread's adds after that acquire (r == 0 stores and waits for nothing);

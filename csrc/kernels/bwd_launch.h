@@ -181,14 +181,17 @@ void run_bwd_impl(BwdParams const& p, cudaStream_t stream) {
                                 " is not a multiple of heads_k=" + std::to_string(p.num_heads_k));
   }
   bool const gqa = p.num_heads != p.num_heads_k;
-  if (gqa && (p.dk_accum == nullptr || p.dv_accum == nullptr || p.dkv_semaphore == nullptr)) {
-    throw std::invalid_argument("DASH backward: GQA needs dk_accum, dv_accum and dkv_semaphore");
+  if (gqa && (p.dk_accum == nullptr || p.dv_accum == nullptr)) {
+    throw std::invalid_argument("DASH backward: GQA needs dk_accum and dv_accum");
   }
   bool const dkv_ordered = dkv_ordered_for(Traits::kNondetdKVChainsMaxGroup, p);
   int const dkv_chains = dkv_chains_for(Traits::kdKVChains, Traits::kNondetdKVChainsMaxGroup, p);
-  if (dkv_ordered && (p.dk == nullptr || p.dv == nullptr || (dkv_chains > 1 && p.dkv_chain_stride <= 0))) {
-    throw std::invalid_argument("DASH backward: GQA in ordered chains writes dk and dv and needs dkv_chain_stride (got dk=" +
-                                std::string(p.dk ? "set" : "null") + ", dkv_chain_stride=" +
+  if (dkv_ordered && (p.dk == nullptr || p.dv == nullptr || p.dkv_semaphore == nullptr ||
+                      (dkv_chains > 1 && p.dkv_chain_stride <= 0))) {
+    throw std::invalid_argument("DASH backward: GQA in ordered chains writes dk and dv and needs dkv_semaphore and "
+                                "dkv_chain_stride (got dk=" +
+                                std::string(p.dk ? "set" : "null") + ", dkv_semaphore=" +
+                                std::string(p.dkv_semaphore ? "set" : "null") + ", dkv_chain_stride=" +
                                 std::to_string(p.dkv_chain_stride) + ")");
   }
   if constexpr (kVarlen) {

@@ -49,7 +49,8 @@ struct BwdParams {
   //  - ordered (deterministic, or a group of at most the config's kNondetdKVChainsMaxGroup
   //    heads, dkv_ordered_for): dk_accum/dv_accum hold bwd_dkv_chains() chains of k's shape,
   //    one after the other (dkv_chain_stride floats apart, any contents), and the kernel writes
-  //    dk/dv; dkv_semaphore: (batch, heads_k, num_n_blocks, chains) ints, zeroed by the caller;
+  //    dk/dv; dkv_semaphore: (batch, heads_k, num_n_blocks, chains) ints, zeroed by the caller
+  //    (unused otherwise);
   //  - otherwise: every head reduce-adds into dk_accum/dv_accum (shaped like k,
   //    zero-initialised by the caller), which the caller casts into dk/dv afterwards (dk/dv
   //    unused by the kernel).

@@ -413,26 +413,31 @@ class BackwardPass final : public TimedPass {
     p.lse_batch_stride = int64_t(o.heads) * o.seqlen_q;
     p.lse_head_stride = o.seqlen_q;
 
+    dk_ = DeviceBuffer(kv_elems * elem, "dk");
+    dv_ = DeviceBuffer(kv_elems * elem, "dv");
+    p.dk = dk_.get();
+    p.dv = dv_.get();
+    p.dk_strides = p.dv_strides = kv_strides;
     if (gqa()) {
-      // As the torch op: each query head reduce-adds its dK/dV into fp32 accumulators of its
-      // KV head, ordered by a semaphore per (batch, KV head, column). Both must be zero
-      // before every call (enqueue() clears them).
-      size_t const accum_floats = kv_elems;
-      size_t const semaphore_ints = size_t(o.batch) * o.heads_kv *
-                                    ((o.seqlen_k + dash::bwd_block_n(p) - 1) / dash::bwd_block_n(p));
-      dk_accum_ = DeviceBuffer(accum_floats * sizeof(float), "dk_accum");
-      dv_accum_ = DeviceBuffer(accum_floats * sizeof(float), "dv_accum");
-      dkv_semaphore_ = DeviceBuffer(semaphore_ints * sizeof(int), "dkv_semaphore");
+      // As the torch op (csrc/torch_binding.cpp): the query heads of a KV group sum their dK/dV
+      // in fp32. Ordered (deterministic, or a small group; dash::bwd_dkv_ordered): in chains of
+      // any contents, with per-(batch, KV head, column, chain) turn counters that must be zero
+      // before every call; the kernel writes dk/dv. Otherwise: into one accumulator that must be
+      // zero before every call (enqueue() clears what applies), left in fp32 (no cast here).
+      dkv_ordered_ = dash::bwd_dkv_ordered(p);
+      size_t const chains = size_t(dkv_ordered_ ? dash::bwd_dkv_chains(p) : 1);
+      dk_accum_ = DeviceBuffer(chains * kv_elems * sizeof(float), "dk_accum");
+      dv_accum_ = DeviceBuffer(chains * kv_elems * sizeof(float), "dv_accum");
       p.dk_accum = dk_accum_.as<float>();
       p.dv_accum = dv_accum_.as<float>();
       p.dkv_accum_strides = kv_strides;
-      p.dkv_semaphore = dkv_semaphore_.as<int>();
-    } else {
-      dk_ = DeviceBuffer(kv_elems * elem, "dk");
-      dv_ = DeviceBuffer(kv_elems * elem, "dv");
-      p.dk = dk_.get();
-      p.dv = dv_.get();
-      p.dk_strides = p.dv_strides = kv_strides;
+      p.dkv_chain_stride = int64_t(kv_elems);
+      if (dkv_ordered_) {
+        size_t const semaphore_ints = size_t(o.batch) * o.heads_kv * chains *
+                                      ((o.seqlen_k + dash::bwd_block_n(p) - 1) / dash::bwd_block_n(p));
+        dkv_semaphore_ = DeviceBuffer(semaphore_ints * sizeof(int), "dkv_semaphore");
+        p.dkv_semaphore = dkv_semaphore_.as<int>();
+      }
     }
 
     // One workspace, carved by the library as for the torch op. The preprocess kernel
@@ -459,19 +464,20 @@ class BackwardPass final : public TimedPass {
   char const* ncu_kernel_filter() const override { return "regex:bwd_main_kernel"; }
 
   void enqueue(cudaStream_t stream) override {
-    if (gqa()) {
-      // What at::zeros does in the torch op before each call. The semaphore must be reset: a
-      // deterministic contribution waits until it equals the contribution's turn, and the
-      // last call left it at the group size, so the next call would spin forever.
-      check_cuda(cudaMemsetAsync(dk_accum_.get(), 0, dk_accum_.bytes(), stream), "cudaMemsetAsync(dk_accum)");
-      check_cuda(cudaMemsetAsync(dv_accum_.get(), 0, dv_accum_.bytes(), stream), "cudaMemsetAsync(dv_accum)");
+    if (gqa() && dkv_ordered_) {
+      // What at::zeros does in the torch op before each call. The turn counters must be reset:
+      // a chain's add waits until its counter equals its turn, and the last call left the
+      // counters at their final counts, so the next call would spin forever.
       check_cuda(cudaMemsetAsync(dkv_semaphore_.get(), 0, dkv_semaphore_.bytes(), stream),
                  "cudaMemsetAsync(dkv_semaphore)");
+    } else if (gqa()) {
+      check_cuda(cudaMemsetAsync(dk_accum_.get(), 0, dk_accum_.bytes(), stream), "cudaMemsetAsync(dk_accum)");
+      check_cuda(cudaMemsetAsync(dv_accum_.get(), 0, dv_accum_.bytes(), stream), "cudaMemsetAsync(dv_accum)");
     }
     // run_bwd throws std::invalid_argument for a shape it cannot run (checked before any
     // launch) and std::runtime_error for a failed launch; main() reports both.
     dash::run_bwd(params_, stream);
-    // Not done here: the torch op's final cast of the GQA accumulators to bf16/fp16 (an
+    // Not done here: the torch op's final cast of unordered GQA accumulators to bf16/fp16 (an
     // elementwise PyTorch kernel, not DASH's).
   }
 
@@ -481,6 +487,7 @@ class BackwardPass final : public TimedPass {
   Options o_;
   dash::BwdParams params_;
   DeviceBuffer q_, k_, v_, out_, dout_, lse_, dq_, dk_, dv_, dk_accum_, dv_accum_, dkv_semaphore_, workspace_;
+  bool dkv_ordered_ = false;  // GQA: dash::bwd_dkv_ordered
 };
 
 // The forward (dash::run_fwd) on pseudo-random q, k, v: unlike the backward it needs no

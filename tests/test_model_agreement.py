@@ -131,10 +131,11 @@ def test_short_causal_rows_take_fa3_order_whatever_the_model_ranks():
 
 
 def test_full_mask_near_ties_go_to_the_tie_order_and_causal_ranks_stay_strict():
-    """``AUTO_FULL_MASK_NEAR_TIE``: at hdim 128 full 512 the model ranks ``fa3`` ahead by less
-    than the margin, and every post-section-cap run measured ``interleaved`` ahead of it by
-    2-3 %; auto now picks ``interleaved`` there and is within 1 % of the measured best in those
-    runs. Causal rows keep the strict ranking: at causal 2k the model's ``fa3`` lead is inside
+    """``AUTO_FULL_MASK_NEAR_TIE``: at hdim 128 full 512 and 768 the model ranks ``fa3`` ahead by
+    less than the margin, and the post-section-cap runs measured ``interleaved`` ahead of it by
+    2-3 % and 10.5 %; auto now picks ``interleaved`` there and is within 1 % of the measured best
+    in those runs (at 256, where ``fa3`` measured 4.7 % ahead, the margin is wrong: see the
+    constant's comment). Causal rows keep the strict ranking: at causal 2k the model's ``fa3`` lead is inside
     the margin too, and there ``fa3`` measured fastest by 5-12 %."""
     from dash.schedules.auto import (AUTO_FULL_MASK_NEAR_TIE, AUTO_REFERENCE_CTAS, choose_kernel_schedule,
                                      rank_kernel_schedules)
@@ -149,8 +150,10 @@ def test_full_mask_near_ties_go_to_the_tie_order_and_causal_ranks_stay_strict():
         assert causal[0][0] == "fa3" and causal[1][1] <= causal[0][1] * (1 + AUTO_FULL_MASK_NEAR_TIE), causal
         heads = 32 if hd == 64 else 16
         assert choose_kernel_schedule(8, heads, heads, 2048, 2048, hd, True, 132) == "fa3"
-    for name in ("2026-12-06-NVIDIA-H100-80GB-HBM3-bwd-fa3-fa4-d8cc23f.json",
-                 "2026-12-06-NVIDIA-H100-80GB-HBM3-bwd-fa3-fa4-eac6de6.json",
-                 "2026-12-06-NVIDIA-H100-80GB-HBM3-bwd-fa3-fa4-eac6de6-2.json"):
-        row = [r for r in _tool().agreement_for_file(RESULTS / name)["per_row"] if r["shape"] == "hd128 full s512 b32 h16"]
+    for name, shape in (("2026-12-06-NVIDIA-H100-80GB-HBM3-bwd-fa3-fa4-d8cc23f.json", "hd128 full s512 b32 h16"),
+                        ("2026-12-06-NVIDIA-H100-80GB-HBM3-bwd-fa3-fa4-eac6de6.json", "hd128 full s512 b32 h16"),
+                        ("2026-12-06-NVIDIA-H100-80GB-HBM3-bwd-fa3-fa4-eac6de6-2.json", "hd128 full s512 b32 h16"),
+                        ("2026-12-06-NVIDIA-H100-80GB-HBM3-bwd-short-full-near-tie.json", "hd128 full s512 b32 h16"),
+                        ("2026-12-06-NVIDIA-H100-80GB-HBM3-bwd-short-full-near-tie.json", "hd128 full s768 b21 h16")):
+        row = [r for r in _tool().agreement_for_file(RESULTS / name)["per_row"] if r["shape"] == shape]
         assert len(row) == 1 and row[0]["model_pick"] == "interleaved" and row[0]["pick_vs_best"] >= 0.99, (name, row)

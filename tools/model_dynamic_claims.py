@@ -1,0 +1,142 @@
+"""The scheduling model with claims handed out in simulated time, beside the model ``auto`` uses.
+
+    python tools/model_dynamic_claims.py --hdim 128 --seqlen 256 512 768 1024 2048 4096 8192 16384
+    python tools/model_dynamic_claims.py --hdim 128 --causal --seqlen 2048 4096 8192 16384
+
+An experiment, not used by ``schedule="auto"``. The model's plans (``dash.schedules.orders``)
+give every claimed column its CTA at plan time, by list scheduling on step counts: under a full
+mask every column has the same length, so CTA ``k`` runs items ``k, k + ctas, ...`` and the
+columns of one head start together in every wave, whatever the claim order. The kernel's CTAs
+claim from an atomic counter when they finish a column, so once turn waits have spread their
+finishing times, the claim order decides how far apart a head's columns start: ``interleaved``
+claims one column of each head of an L2 section before the next column (columns of a head
+``section_heads`` claims apart), ``fa3`` the columns of a head back to back. Here the same
+plans are replayed with every claim going to the CTA that frees first in simulated time
+(dK/dV epilogue end), with the step, reduce-add, turn and staging-buffer rules of
+``dash.schedules.simulate`` (MHA only: GQA's dK/dV chains are not replayed).
+
+Per row it prints, for each schedule, the time ``auto`` ranks by (makespan plus the dQ convert
+its tail does not absorb), the static makespan, and the makespan with claims in simulated time,
+each as a ratio to the first schedule's. Kernel notes, thirty-seventh pass, compare both with
+measured runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from dash.schedules.auto import (AUTO_MAX_WAVES, dq_convert_us, end_with_dq_convert, kernel_candidates,  # noqa: E402
+                                 kernel_costs, kernel_dq_chains, kernel_pipeline_depth)
+from dash.schedules.orders import Plan, l2_section_heads, make_plan  # noqa: E402
+from dash.schedules.simulate import Costs, simulate  # noqa: E402
+from dash.schedules.tiling import Problem  # noqa: E402
+
+
+def claim_order(plan: Plan) -> list[tuple[int, int, int]]:
+    """The columns ``(b, h, n)`` in the order the plan's list scheduling claims them: by the
+    load (steps + 1 per column) of the claiming CTA, then CTA index, as ``orders._claim`` pops
+    them."""
+    items = []
+    for x in range(plan.ctas):
+        load = 0
+        for b, h, n in plan.work_list(x):
+            items.append((load, x, (b, h, n)))
+            load += len(plan.visit(b, h, n)) + 1
+    items.sort()
+    return [col for _, _, col in items]
+
+
+def dynamic_claim_makespan(plan: Plan, costs: Costs, depth: int, chains: int) -> float:
+    """Makespan of ``plan``'s columns claimed in its claim order by whichever CTA frees first.
+
+    Per CTA: step ``k``'s compute starts when step ``k - 1``'s ended and the reduce-add of step
+    ``k - 1 - depth`` (the CTA's steps in order, across columns) ended; its reduce-add starts
+    when its compute ended, the CTA's previous reduce-add ended and the add ``chains`` turns
+    before it on the same dQ tile ended plus ``latency``; after a column's last compute the
+    epilogue runs, and its end is when the CTA claims again. Raises if a turn's predecessor
+    is claimed after it (no portable schedule does that)."""
+    if plan.tiling.problem.heads_q != plan.tiling.problem.heads_kv:
+        raise ValueError("dynamic claims are replayed for MHA only (GQA's dK/dV chains are not modelled here)")
+    class_cost = costs.class_costs()
+    free = [(0.0, x) for x in range(plan.ctas)]
+    heapq.heapify(free)
+    reduce_end: dict[tuple[int, int, int, int], float] = {}
+    history: list[list[float]] = [[] for _ in range(plan.ctas)]  # reduce-add ends per CTA, in order
+    last = 0.0
+    for b, h, n in claim_order(plan):
+        t_free, x = heapq.heappop(free)
+        hist = history[x]
+        compute_end = t_free
+        writer_end = hist[-1] if hist else 0.0
+        for m in plan.visit(b, h, n):
+            start = compute_end
+            j = len(hist) - 1 - depth
+            if j >= 0 and hist[j] > start:
+                start = hist[j]
+            compute_end = start + class_cost[plan.tiling.tile_class[b, m, n]]
+            turn = int(plan.turn[b, h, m, n])
+            red_start = max(compute_end, writer_end)
+            if turn >= chains:
+                prev = reduce_end.get((b, h, m, turn - chains))
+                if prev is None:
+                    raise RuntimeError(f"column {(b, h, n)}: the add before turn {turn} of Q tile {m} is claimed later")
+                red_start = max(red_start, prev + costs.latency)
+            writer_end = red_start + costs.r
+            reduce_end[(b, h, m, turn)] = writer_end
+            hist.append(writer_end)
+        done = compute_end + costs.epilogue + costs.r_kv
+        last = max(last, done, writer_end)
+        heapq.heappush(free, (done, x))
+    return last
+
+
+def compare(seqlen: int, head_dim: int, causal: bool, ctas: int = 132, schedules: tuple[str, ...] | None = None,
+            tokens: int = 16384, hidden: int = 2048) -> dict[str, dict[str, float]]:
+    """Per schedule: ``auto``'s ranking time, the static makespan and the dynamic-claim makespan
+    of the part of the paper-grid problem ``auto`` simulates (``rank_kernel_schedules``)."""
+    batch, heads = max(1, tokens // seqlen), hidden // head_dim
+    full = Problem(batch, heads, seqlen, seqlen, head_dim=head_dim, heads_kv=heads, causal=causal)
+    bm, bn = full.tile_shape
+    cols = -(-seqlen // bn)
+    want = max(1, -(-AUTO_MAX_WAVES * ctas // cols))
+    part = Problem(min(batch, max(1, -(-want // heads))), min(heads, want), seqlen, seqlen, head_dim=head_dim,
+                   heads_kv=min(heads, want), causal=causal)
+    sw = l2_section_heads(seqlen, head_dim, batch * heads, 0 if causal else -(-seqlen // bm))
+    costs, depth = kernel_costs(head_dim, causal), kernel_pipeline_depth(head_dim, causal)
+    chains = kernel_dq_chains(head_dim, causal)
+    convert = dq_convert_us(batch, heads, seqlen, head_dim, chains)
+    out = {}
+    for name in schedules or kernel_candidates(causal):
+        plan = make_plan(part, name, ctas, section_heads=sw)
+        res = simulate(plan, costs, depth, chains=chains)
+        out[name] = {"auto_end": end_with_dq_convert(res, convert), "static": float(res.makespan),
+                     "dynamic": dynamic_claim_makespan(plan, costs, depth, chains)}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--hdim", type=int, default=128)
+    ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--seqlen", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192, 16384])
+    ap.add_argument("--schedules", nargs="+", default=None, help="default: auto's candidates for the mask")
+    ap.add_argument("--ctas", type=int, default=132)
+    args = ap.parse_args(argv)
+    for s in args.seqlen:
+        res = compare(s, args.hdim, args.causal, args.ctas, tuple(args.schedules) if args.schedules else None)
+        names = list(res)
+        ref = res[names[0]]
+        cells = [f"{n}: auto {r['auto_end'] / ref['auto_end']:.3f} static {r['static'] / ref['static']:.3f} "
+                 f"dynamic {r['dynamic'] / ref['dynamic']:.3f}" for n, r in res.items() if n != names[0]]
+        print(f"hd{args.hdim} {'causal' if args.causal else 'full'} {s}: time / {names[0]}'s  " + " | ".join(cells))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

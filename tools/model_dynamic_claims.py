@@ -13,7 +13,7 @@ claims one column of each head of an L2 section before the next column (columns 
 ``section_heads`` claims apart), ``fa3`` the columns of a head back to back. Here the same
 plans are replayed with every claim going to the CTA that frees first in simulated time
 (dK/dV epilogue end), with the step, reduce-add, turn and staging-buffer rules of
-``dash.schedules.simulate`` (MHA only: GQA's dK/dV chains are not replayed).
+``dash.schedules.simulate``, GQA's dK/dV chains included (``simulate.kv_links``).
 
 Per row it prints, for each schedule, the time ``auto`` ranks by (makespan plus the dQ convert
 its tail does not absorb), the static makespan, and the makespan with claims in simulated time,
@@ -32,9 +32,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from dash.schedules.auto import (AUTO_MAX_WAVES, dq_convert_us, end_with_dq_convert, kernel_candidates,  # noqa: E402
-                                 kernel_costs, kernel_dq_chains, kernel_pipeline_depth)
+                                 kernel_costs, kernel_dkv_chains, kernel_dq_chains, kernel_pipeline_depth)
 from dash.schedules.orders import Plan, l2_section_heads, make_plan  # noqa: E402
-from dash.schedules.simulate import Costs, simulate  # noqa: E402
+from dash.schedules.simulate import Costs, kv_links, simulate  # noqa: E402
 from dash.schedules.tiling import Problem  # noqa: E402
 
 
@@ -52,18 +52,20 @@ def claim_order(plan: Plan) -> list[tuple[int, int, int]]:
     return [col for _, _, col in items]
 
 
-def dynamic_claim_makespan(plan: Plan, costs: Costs, depth: int, chains: int) -> float:
+def dynamic_claim_makespan(plan: Plan, costs: Costs, depth: int, chains: int, kv_chains: int = 1) -> float:
     """Makespan of ``plan``'s columns claimed in its claim order by whichever CTA frees first.
 
     Per CTA: step ``k``'s compute starts when step ``k - 1``'s ended and the reduce-add of step
     ``k - 1 - depth`` (the CTA's steps in order, across columns) ended; its reduce-add starts
     when its compute ended, the CTA's previous reduce-add ended and the add ``chains`` turns
     before it on the same dQ tile ended plus ``latency``; after a column's last compute the
-    epilogue runs, and its end is when the CTA claims again. Raises if a turn's predecessor
-    is claimed after it (no portable schedule does that)."""
-    if plan.tiling.problem.heads_q != plan.tiling.problem.heads_kv:
-        raise ValueError("dynamic claims are replayed for MHA only (GQA's dK/dV chains are not modelled here)")
+    epilogue runs (``epilogue + r_kv``), under GQA once the dK/dV adds it waits for
+    (``kv_links(plan, kv_chains)``) ended plus ``latency``, and its end is when the CTA claims
+    again. Raises if a wait points to a column claimed after it (no portable schedule's does)."""
     class_cost = costs.class_costs()
+    kv_pred, _ = kv_links(plan, kv_chains)
+    col_index = plan.column_index()
+    epilogue_end: dict[int, float] = {}
     free = [(0.0, x) for x in range(plan.ctas)]
     heapq.heapify(free)
     reduce_end: dict[tuple[int, int, int, int], float] = {}
@@ -90,33 +92,50 @@ def dynamic_claim_makespan(plan: Plan, costs: Costs, depth: int, chains: int) ->
             writer_end = red_start + costs.r
             reduce_end[(b, h, m, turn)] = writer_end
             hist.append(writer_end)
-        done = compute_end + costs.epilogue + costs.r_kv
+        col = int(col_index[b, h, n])
+        epi_start = compute_end
+        for pcol in kv_pred[col]:
+            if pcol < 0:
+                continue
+            prev = epilogue_end.get(int(pcol))
+            if prev is None:
+                raise RuntimeError(f"column {(b, h, n)}: the dK/dV add it waits for is claimed later")
+            epi_start = max(epi_start, prev + costs.latency)
+        done = epi_start + costs.epilogue + costs.r_kv
+        epilogue_end[col] = done
         last = max(last, done, writer_end)
         heapq.heappush(free, (done, x))
     return last
 
 
 def compare(seqlen: int, head_dim: int, causal: bool, ctas: int = 132, schedules: tuple[str, ...] | None = None,
-            tokens: int = 16384, hidden: int = 2048) -> dict[str, dict[str, float]]:
+            tokens: int = 16384, hidden: int = 2048, heads_kv: int | None = None) -> dict[str, dict[str, float]]:
     """Per schedule: ``auto``'s ranking time, the static makespan and the dynamic-claim makespan
-    of the part of the paper-grid problem ``auto`` simulates (``rank_kernel_schedules``)."""
+    of the part of the paper-grid problem (``tokens`` per batch, ``hidden`` query channels)
+    that ``auto`` simulates (``rank_kernel_schedules``: whole KV groups, at most
+    ``AUTO_MAX_WAVES`` waves)."""
     batch, heads = max(1, tokens // seqlen), hidden // head_dim
-    full = Problem(batch, heads, seqlen, seqlen, head_dim=head_dim, heads_kv=heads, causal=causal)
+    heads_kv = heads if heads_kv is None else heads_kv
+    group = heads // heads_kv
+    full = Problem(batch, heads, seqlen, seqlen, head_dim=head_dim, heads_kv=heads_kv, causal=causal)
     bm, bn = full.tile_shape
     cols = -(-seqlen // bn)
     want = max(1, -(-AUTO_MAX_WAVES * ctas // cols))
-    part = Problem(min(batch, max(1, -(-want // heads))), min(heads, want), seqlen, seqlen, head_dim=head_dim,
-                   heads_kv=min(heads, want), causal=causal)
+    want = -(-want // group) * group
+    part_heads = min(heads, want)
+    part = Problem(min(batch, max(1, -(-want // heads))), part_heads, seqlen, seqlen, head_dim=head_dim,
+                   heads_kv=part_heads // group, causal=causal)
     sw = l2_section_heads(seqlen, head_dim, batch * heads, 0 if causal else -(-seqlen // bm))
     costs, depth = kernel_costs(head_dim, causal), kernel_pipeline_depth(head_dim, causal)
     chains = kernel_dq_chains(head_dim, causal)
+    kv_chains = kernel_dkv_chains(head_dim, causal, group)
     convert = dq_convert_us(batch, heads, seqlen, head_dim, chains)
     out = {}
     for name in schedules or kernel_candidates(causal):
         plan = make_plan(part, name, ctas, section_heads=sw)
-        res = simulate(plan, costs, depth, chains=chains)
+        res = simulate(plan, costs, depth, chains=chains, kv_chains=kv_chains)
         out[name] = {"auto_end": end_with_dq_convert(res, convert), "static": float(res.makespan),
-                     "dynamic": dynamic_claim_makespan(plan, costs, depth, chains)}
+                     "dynamic": dynamic_claim_makespan(plan, costs, depth, chains, kv_chains)}
     return out
 
 
@@ -127,14 +146,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seqlen", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192, 16384])
     ap.add_argument("--schedules", nargs="+", default=None, help="default: auto's candidates for the mask")
     ap.add_argument("--ctas", type=int, default=132)
+    ap.add_argument("--heads-kv", type=int, default=None, help="KV heads (GQA; default: as many as query heads)")
     args = ap.parse_args(argv)
     for s in args.seqlen:
-        res = compare(s, args.hdim, args.causal, args.ctas, tuple(args.schedules) if args.schedules else None)
+        res = compare(s, args.hdim, args.causal, args.ctas, tuple(args.schedules) if args.schedules else None,
+                      heads_kv=args.heads_kv)
         names = list(res)
         ref = res[names[0]]
         cells = [f"{n}: auto {r['auto_end'] / ref['auto_end']:.3f} static {r['static'] / ref['static']:.3f} "
                  f"dynamic {r['dynamic'] / ref['dynamic']:.3f}" for n, r in res.items() if n != names[0]]
-        print(f"hd{args.hdim} {'causal' if args.causal else 'full'} {s}: time / {names[0]}'s  " + " | ".join(cells))
+        gqa = f" {2048 // args.hdim}/{args.heads_kv}" if args.heads_kv else ""
+        print(f"hd{args.hdim} {'causal' if args.causal else 'full'} {s}{gqa}: time / {names[0]}'s  " + " | ".join(cells))
     return 0
 
 

@@ -240,7 +240,7 @@ AUTO_TIE_ORDER: tuple[str, ...] = ("interleaved", "descending", "fa3")
 #: (``tools/model_agreement.py``, every file) it moves the 512 row of 23 runs, 20 of which
 #: measured ``interleaved`` ahead of ``fa3`` by 2.0-11 % (the exceptions: the H200 run of the
 #: first kernel schedules and the two H100 runs of 74b8ae5, before the section cap), and auto
-#: within 1 % of the measured best goes from 616 to 635 of 784 rows.
+#: within 1 % of the measured best goes from 561 to 578 of 722 rows (within 3 %: 636 to 648).
 #: Not for causal masks: at causal 2k the model's ``fa3`` lead is under 1 % and the measured
 #: one 5-12 %.
 AUTO_FULL_MASK_NEAR_TIE = 0.01

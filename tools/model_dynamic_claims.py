@@ -31,11 +31,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dash.schedules.auto import (AUTO_MAX_WAVES, dq_convert_us, end_with_dq_convert, kernel_candidates,  # noqa: E402
-                                 kernel_costs, kernel_dkv_chains, kernel_dq_chains, kernel_pipeline_depth)
-from dash.schedules.orders import Plan, l2_section_heads, make_plan  # noqa: E402
+from dash.schedules.auto import auto_simulation, end_with_dq_convert, kernel_candidates  # noqa: E402
+from dash.schedules.orders import Plan, make_plan  # noqa: E402
 from dash.schedules.simulate import Costs, kv_links, simulate  # noqa: E402
-from dash.schedules.tiling import Problem  # noqa: E402
 
 
 def claim_order(plan: Plan) -> list[tuple[int, int, int]]:
@@ -112,30 +110,17 @@ def compare(seqlen: int, head_dim: int, causal: bool, ctas: int = 132, schedules
             tokens: int = 16384, hidden: int = 2048, heads_kv: int | None = None) -> dict[str, dict[str, float]]:
     """Per schedule: ``auto``'s ranking time, the static makespan and the dynamic-claim makespan
     of the part of the paper-grid problem (``tokens`` per batch, ``hidden`` query channels)
-    that ``auto`` simulates (``rank_kernel_schedules``: whole KV groups, at most
-    ``AUTO_MAX_WAVES`` waves)."""
+    that ``auto`` simulates (``auto_simulation``: whole KV groups, at most ``AUTO_MAX_WAVES``
+    waves)."""
     batch, heads = max(1, tokens // seqlen), hidden // head_dim
-    heads_kv = heads if heads_kv is None else heads_kv
-    group = heads // heads_kv
-    full = Problem(batch, heads, seqlen, seqlen, head_dim=head_dim, heads_kv=heads_kv, causal=causal)
-    bm, bn = full.tile_shape
-    cols = -(-seqlen // bn)
-    want = max(1, -(-AUTO_MAX_WAVES * ctas // cols))
-    want = -(-want // group) * group
-    part_heads = min(heads, want)
-    part = Problem(min(batch, max(1, -(-want // heads))), part_heads, seqlen, seqlen, head_dim=head_dim,
-                   heads_kv=part_heads // group, causal=causal)
-    sw = l2_section_heads(seqlen, head_dim, batch * heads, 0 if causal else -(-seqlen // bm))
-    costs, depth = kernel_costs(head_dim, causal), kernel_pipeline_depth(head_dim, causal)
-    chains = kernel_dq_chains(head_dim, causal)
-    kv_chains = kernel_dkv_chains(head_dim, causal, group)
-    convert = dq_convert_us(batch, heads, seqlen, head_dim, chains)
+    sim = auto_simulation(batch, heads, heads if heads_kv is None else heads_kv, seqlen, seqlen, head_dim, causal,
+                          ctas)
     out = {}
     for name in schedules or kernel_candidates(causal):
-        plan = make_plan(part, name, ctas, section_heads=sw)
-        res = simulate(plan, costs, depth, chains=chains, kv_chains=kv_chains)
-        out[name] = {"auto_end": end_with_dq_convert(res, convert), "static": float(res.makespan),
-                     "dynamic": dynamic_claim_makespan(plan, costs, depth, chains, kv_chains)}
+        plan = make_plan(sim.part, name, ctas, section_heads=sim.section_heads)
+        res = simulate(plan, sim.costs, sim.depth, chains=sim.chains, kv_chains=sim.kv_chains)
+        out[name] = {"auto_end": end_with_dq_convert(res, sim.convert_us), "static": float(res.makespan),
+                     "dynamic": dynamic_claim_makespan(plan, sim.costs, sim.depth, sim.chains, sim.kv_chains)}
     return out
 
 

@@ -9,7 +9,7 @@ deterministic. Results are cached per (problem, ctas, costs, candidates, depth, 
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Iterable
+from typing import Iterable, NamedTuple
 
 from dash.config import PORTABLE_KERNEL_SCHEDULES, shift_lanes
 from dash.schedules.orders import PORTABLE_REFERENCE_CTAS, SCHEDULE_NAMES, make_plan
@@ -234,8 +234,12 @@ AUTO_TIE_ORDER: tuple[str, ...] = ("interleaved", "descending", "fa3")
 #:     the margin gets this one wrong.
 #: The deterministic fa3 order read 0.7 % above / 3.9 % / 10.5 % below the non-deterministic
 #: kernel (the same order without turn waits) at 256 / 512 / 768: two columns per head hide
-#: the waits, four and six do not, and the model does not see the difference (a re-fit of the
-#: costs from traces of short full rows is the real fix). Over every stored results file on the
+#: the waits, four and six do not, and the model does not see the difference. The cause is the
+#: plans' dispatch: they give claimed columns their CTAs as if every CTA finished at the same
+#: instant, so a head's columns start together under both orders, while the kernel's claims
+#: start them ``section_heads`` claims apart under ``interleaved``; tools/model_dynamic_claims.py
+#: replays the claims in simulated time and makes this margin's picks on every stored row (the
+#: fix that should replace it; docs/kernel-notes.md, thirty-seventh pass). Over every stored results file on the
 #: kernels since the cap the margin changes the 512 row only; over the whole record
 #: (``tools/model_agreement.py``, every file) it moves the 512 row of 23 runs, 20 of which
 #: measured ``interleaved`` ahead of ``fa3`` by 2.0-11 % (the exceptions: the H200 run of the
@@ -349,18 +353,23 @@ def nondeterministic_kernel_schedule(seqlen_q, seqlen_k, head_dim: int, causal: 
     return "fa3"
 
 
-@lru_cache(maxsize=256)
-def rank_kernel_schedules(batch: int, heads: int, heads_kv: int, seqlen_q: int, seqlen_k: int, head_dim: int,
-                          causal: bool, ctas: int) -> tuple[tuple[str, float], ...]:
-    """What deterministic ``auto`` ranks: ``((name, end), ...)`` fastest first (ties: the
-    earlier name in ``AUTO_TIE_ORDER``) over ``kernel_candidates(causal)``, each
-    simulated for a grid of ``ctas`` CTAs on at most ``AUTO_MAX_WAVES`` waves of the grid's
-    columns (whole KV groups, the full problem's L2 sections) with the kernel's calibrated
-    costs, dQ and dK/dV chains and pipeline depth; ``end`` is the makespan plus what of the whole
-    problem's dQ convert the simulated tail does not absorb (``end_with_dq_convert``). ``auto`` calls it with ``AUTO_REFERENCE_CTAS``; other
-    grids show what it would pick were it free to depend on the grid."""
+class AutoSimulation(NamedTuple):
+    """What deterministic ``auto`` simulates for a shape (``auto_simulation``)."""
+
+    part: Problem  # whole KV groups, at most AUTO_MAX_WAVES waves of the grid's columns
+    section_heads: int  # the full problem's L2 section width
+    costs: Costs
+    depth: int  # dQ staging buffers (kernel_pipeline_depth)
+    chains: int  # dQ accumulation chains (kernel_dq_chains)
+    kv_chains: int  # GQA dK/dV chains (kernel_dkv_chains)
+    convert_us: float  # the whole problem's dQ convert (dq_convert_us)
+
+
+def auto_simulation(batch: int, heads: int, heads_kv: int, seqlen_q: int, seqlen_k: int, head_dim: int,
+                    causal: bool, ctas: int) -> AutoSimulation:
+    """The part of a problem ``rank_kernel_schedules`` simulates for a grid of ``ctas`` CTAs and
+    the kernel's parameters it simulates it with."""
     from dash.schedules.orders import l2_section_heads
-    from dash.schedules.tiling import Problem
 
     full = Problem(batch, heads, seqlen_q, seqlen_k, head_dim=head_dim, heads_kv=heads_kv, causal=causal)
     bm, bn = full.tile_shape
@@ -373,18 +382,33 @@ def rank_kernel_schedules(batch: int, heads: int, heads_kv: int, seqlen_q: int, 
     part_batch = min(batch, max(1, -(-want_heads // heads)))
     part = Problem(part_batch, part_heads, seqlen_q, seqlen_k, head_dim=head_dim,
                    heads_kv=part_heads // group, causal=causal)
-    sw = l2_section_heads(seqlen_q, head_dim, batch * heads, 0 if causal else -(-seqlen_q // bm))
-    costs = kernel_costs(head_dim, causal)
-    depth = kernel_pipeline_depth(head_dim, causal)
     chains = kernel_dq_chains(head_dim, causal)
-    kv_chains = kernel_dkv_chains(head_dim, causal, group)
+    return AutoSimulation(
+        part=part,
+        section_heads=l2_section_heads(seqlen_q, head_dim, batch * heads, 0 if causal else -(-seqlen_q // bm)),
+        costs=kernel_costs(head_dim, causal), depth=kernel_pipeline_depth(head_dim, causal), chains=chains,
+        kv_chains=kernel_dkv_chains(head_dim, causal, group),
+        convert_us=dq_convert_us(batch, heads, seqlen_q, head_dim, chains))  # the whole problem's
+
+
+@lru_cache(maxsize=256)
+def rank_kernel_schedules(batch: int, heads: int, heads_kv: int, seqlen_q: int, seqlen_k: int, head_dim: int,
+                          causal: bool, ctas: int) -> tuple[tuple[str, float], ...]:
+    """What deterministic ``auto`` ranks: ``((name, end), ...)`` fastest first (ties: the
+    earlier name in ``AUTO_TIE_ORDER``) over ``kernel_candidates(causal)``, each
+    simulated for a grid of ``ctas`` CTAs on at most ``AUTO_MAX_WAVES`` waves of the grid's
+    columns (whole KV groups, the full problem's L2 sections) with the kernel's calibrated
+    costs, dQ and dK/dV chains and pipeline depth (``auto_simulation``); ``end`` is the makespan
+    plus what of the whole problem's dQ convert the simulated tail does not absorb
+    (``end_with_dq_convert``). ``auto`` calls it with ``AUTO_REFERENCE_CTAS``; other grids show
+    what it would pick were it free to depend on the grid."""
+    sim = auto_simulation(batch, heads, heads_kv, seqlen_q, seqlen_k, head_dim, causal, ctas)
     order = {n: i for i, n in enumerate(AUTO_TIE_ORDER)}
-    convert_us = dq_convert_us(batch, heads, seqlen_q, head_dim, chains)  # the whole problem's
     rows = []
     for name in kernel_candidates(causal):
-        res = simulate(make_plan(part, name, ctas, section_heads=sw), costs, depth, chains=chains,
-                       kv_chains=kv_chains)
+        res = simulate(make_plan(sim.part, name, ctas, section_heads=sim.section_heads), sim.costs, sim.depth,
+                       chains=sim.chains, kv_chains=sim.kv_chains)
         if res.deadlock_free:  # cannot fail for these orders (tested); never rank one that would deadlock
-            rows.append((name, round(end_with_dq_convert(res, convert_us), 9)))
+            rows.append((name, round(end_with_dq_convert(res, sim.convert_us), 9)))
     rows.sort(key=lambda r: (r[1], order[r[0]]))
     return tuple(rows)

@@ -227,6 +227,7 @@ def test_plot_subprocess_without_torch_or_pyplot(tmp_path):
 # ---------------------------------------------------------------------------------------
 # Errors: one line naming the file / option, exit code 2, checked before drawing
 # ---------------------------------------------------------------------------------------
+@needs_matplotlib  # the input's errors are reported after --out's check for matplotlib
 @pytest.mark.parametrize("content, expected", [
     ("not json at all", "is not a JSON file"),
     ('{"rows": []}', "is not a DASH benchmark results file: no 'rows' list"),
@@ -246,6 +247,7 @@ def test_files_that_cannot_be_plotted(content, expected, tmp_path, capsys):
     assert not out.exists()
 
 
+@needs_matplotlib
 def test_binary_file_is_not_json(tmp_path, capsys):
     path = tmp_path / "chart.png"
     path.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00")
@@ -261,6 +263,7 @@ def test_missing_results_file(tmp_path, capsys):
     _assert_one_line_error(err, f"argument RESULTS.json: file {path} does not exist")
 
 
+@needs_matplotlib
 @pytest.mark.parametrize("option, value", [("--modes", "dash_nondet,fa5"), ("--ratio-to", "fa5")])
 def test_unknown_mode_lists_the_available_ones(option, value, tmp_path, capsys):
     rc, stdout, err = _main(["plot", str(COMMITTED), option, value, "--out", str(tmp_path / "x.png")], capsys)

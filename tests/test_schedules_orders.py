@@ -330,10 +330,12 @@ def test_deterministic_auto_choice_does_not_depend_on_the_grid():
     from dash.schedules.auto import AUTO_REFERENCE_CTAS, choose_kernel_schedule, rank_kernel_schedules
 
     rng = random.Random(3)
-    # The first two are shapes whose model pick for the real grid differs between these grids
-    # (found by search with the model of 5e5dae1's dQ-convert term); the rest are random.
+    # The last three are shapes whose model pick for the real grid differs between these grids
+    # (found by search with the model that replays claims in simulated time; the first three
+    # were found with the static dispatch); the rest are random.
     shapes = [(1, 16, 4, 2048, 2048, 64, True), (1, 4, 1, 1024, 4096, 128, True),
-              (2, 16, 4, 2048, 2048, 128, True), (32, 16, 16, 512, 512, 128, True)]
+              (2, 16, 4, 2048, 2048, 128, True), (32, 16, 16, 512, 512, 128, True),
+              (2, 16, 4, 700, 1024, 64, True), (4, 16, 4, 1024, 256, 64, False)]
     for _ in range(14):
         heads_kv = rng.choice([1, 2, 4, 8])
         shapes.append((rng.choice([1, 2, 4]), heads_kv * rng.choice([1, 2, 4]), heads_kv,

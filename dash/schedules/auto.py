@@ -13,7 +13,7 @@ from typing import Iterable, NamedTuple
 
 from dash.config import PORTABLE_KERNEL_SCHEDULES, shift_lanes
 from dash.schedules.orders import PORTABLE_REFERENCE_CTAS, SCHEDULE_NAMES, make_plan
-from dash.schedules.simulate import Costs, simulate
+from dash.schedules.simulate import Costs, replay_claims, simulate
 from dash.schedules.tiling import Problem
 
 
@@ -183,29 +183,23 @@ def dq_convert_us(batch: int, heads: int, seqlen_q: int, head_dim: int, chains: 
     return batch * heads * seqlen_q * head_dim * (4 * chains + 2) / DQ_CONVERT_BYTES_PER_US
 
 
-def end_with_dq_convert(res, convert_us: float) -> float:
-    """When the backward ends: the main kernel's makespan plus the part of the dQ convert that
-    its tail cannot absorb. Since 5e5dae1 the convert is launched under the main kernel
+def end_with_dq_convert(makespan: float, cta_last, convert_us: float) -> float:
+    """When the backward ends: the main kernel's ``makespan`` plus the part of the dQ convert
+    that its tail cannot absorb. Since 5e5dae1 the convert is launched under the main kernel
     (programmatic dependent launch) and its CTAs take each SM the main kernel's CTAs leave;
     by the tail nearly every dQ tile is complete, so the tail's idle CTA time (sum over CTAs
-    of makespan - the CTA's last activity, per CTA of the grid) converts tiles, and only the
-    remainder of ``convert_us`` runs after the makespan. That favours orders with ragged tails
-    (``fa3``'s shortest-columns-first claims end on the longest columns) over balanced ones
-    (``descending``'s longest-first): measured on the H200 in two grids of 5e5dae1, fa3 /
-    descending time at hdim 64 causal 2k / 4k / 8k 0.958 / 0.972 / 0.985, where the makespan
-    alone ranks descending first by 3-7 %
+    of makespan - the CTA's last activity ``cta_last``, per CTA of the grid) converts tiles,
+    and only the remainder of ``convert_us`` runs after the makespan. That favours orders with
+    ragged tails (``fa3``'s shortest-columns-first claims end on the longest columns) over
+    balanced ones (``descending``'s longest-first): measured on the H200 in two grids of
+    5e5dae1, fa3 / descending time at hdim 64 causal 2k / 4k / 8k 0.958 / 0.972 / 0.985, where
+    the makespan alone ranks descending first by 3-7 %
     (benchmarks/results/2026-12-03-NVIDIA-H200-bwd-schedules-5e5dae1.json)."""
     import numpy as np
 
-    plan = res.plan
-    ctas = len(res.busy)
-    last = np.zeros(ctas)
-    st_cta = plan.steps()["cta"]
-    for arr in (res.compute_end, res.reduce_end):
-        np.maximum.at(last, st_cta, np.nan_to_num(arr, nan=0.0))
-    np.maximum.at(last, plan.col_cta(), np.nan_to_num(res.epilogue_end, nan=0.0))
-    idle_tail = float(np.clip(res.makespan - last, 0.0, None).sum()) / max(ctas, 1)
-    return float(res.makespan) + max(0.0, convert_us - idle_tail)
+    last = np.asarray(cta_last, dtype=np.float64)
+    idle_tail = float(np.clip(makespan - last, 0.0, None).sum()) / max(len(last), 1)
+    return float(makespan) + max(0.0, convert_us - idle_tail)
 
 
 #: Who wins an exact tie of the model's ends. Under a full mask ``interleaved`` and
@@ -220,34 +214,26 @@ def end_with_dq_convert(res, convert_us: float) -> float:
 #: within 1 % of the measured best on 343 rows instead of 339 (``tools/model_agreement.py``).
 AUTO_TIE_ORDER: tuple[str, ...] = ("interleaved", "descending", "fa3")
 
-#: Full masks: schedules whose modelled end is within this fraction of the best count as tied,
-#: and ``AUTO_TIE_ORDER`` picks among them. The model's full-mask ends are within a few per cent
-#: of the measured ones at best (the costs' fits above), so a smaller lead says little. It
-#: decides short hdim-128 full rows, where the model misprices ``fa3``'s turn waits:
-#:   - 512 (b32 h16, the paper grid's row): model ``fa3`` ahead by 0.17 %; measured
-#:     ``interleaved`` ahead by 2.0-3.1 % in the four H100 runs since the full-mask section cap
-#:     (60a6cd0; ...-bwd-fa3-fa4-{d8cc23f,eac6de6,eac6de6-2}.json, ...-bwd-short-full-near-tie.json),
-#:     3.7-3.9 % on the H200 before the cap;
-#:   - 768 (b21 h16): model ``fa3`` ahead by 0.73 %; measured ``interleaved`` ahead by 10.5 %
-#:     (one H100 run, ...-bwd-short-full-near-tie.json): 1 %, not 0.5 %, for this row;
-#:   - 256 (b64 h16): model ``fa3`` ahead by 0.05 %; measured ``fa3`` ahead by 4.7 % (same run):
-#:     the margin gets this one wrong.
-#: The deterministic fa3 order read 0.7 % above / 3.9 % / 10.5 % below the non-deterministic
-#: kernel (the same order without turn waits) at 256 / 512 / 768: two columns per head hide
-#: the waits, four and six do not, and the model does not see the difference. The cause is the
-#: plans' dispatch: they give claimed columns their CTAs as if every CTA finished at the same
-#: instant, so a head's columns start together under both orders, while the kernel's claims
-#: start them ``section_heads`` claims apart under ``interleaved``; tools/model_dynamic_claims.py
-#: replays the claims in simulated time and makes this margin's picks on every stored row (the
-#: fix that should replace it; docs/kernel-notes.md, thirty-seventh pass). Over every stored results file on the
-#: kernels since the cap the margin changes the 512 row only; over the whole record
-#: (``tools/model_agreement.py``, every file) it moves the 512 row of 23 runs, 20 of which
-#: measured ``interleaved`` ahead of ``fa3`` by 2.0-11 % (the exceptions: the H200 run of the
-#: first kernel schedules and the two H100 runs of 74b8ae5, before the section cap), and auto
-#: within 1 % of the measured best goes from 561 to 578 of 722 rows (within 3 %: 636 to 648).
-#: Not for causal masks: at causal 2k the model's ``fa3`` lead is under 1 % and the measured
-#: one 5-12 %.
-AUTO_FULL_MASK_NEAR_TIE = 0.01
+# Claims in simulated time (``replay_claims``), not the plans' static dispatch. The plans
+# hand claimed columns their CTAs as if every CTA finished its column at the same instant, so
+# under a full mask the columns of a head start together in every wave whatever the claim
+# order, and ``fa3``'s and ``interleaved``'s orders (same visits, same turns; only the claim
+# order differs) priced within 1 % of each other on short hdim-128 full rows, where measured
+# runs put ``interleaved`` ahead: at 512 (b32 h16) by 2.0-3.1 % in the four H100 runs since the
+# full-mask section cap (60a6cd0), 3.7-3.9 % on the H200 before it; at 768 (b21 h16) by 10.5 %
+# (...-bwd-short-full-near-tie.json). In the kernel a CTA claims when its column ends: once
+# turn waits spread the finishing times, ``fa3``'s back-to-back claims start a head's columns
+# a fraction of a step apart and they queue on each dQ tile, while ``interleaved``'s start
+# them ``section_heads`` claims apart. Replayed, ``interleaved`` / ``fa3`` comes out at 0.917 /
+# 0.893 / 0.868 / 0.858 / 0.868 / 0.943 / 1.000 for full 512 … 16k (measured on the H100 0.974,
+# 0.905, 0.876, 0.867, 0.879, 0.929, 0.991: within 1.5 % from 768 on); under a causal mask the
+# length-ordered claims are spread already and the replay moves nothing. Until 2026-12-06 a
+# 1 % near-tie margin under full masks stood in for it (``AUTO_FULL_MASK_NEAR_TIE``); over
+# the 722 stored rows (``tools/model_agreement.py``) the replay picks what the margin picked
+# on every row (auto within 1 % of the measured best on 578 rows, within 3 % on 648) and ranks
+# the measured best first on 570 rows instead of 553. Its one known miss: full 256 (b64 h16),
+# replay ``interleaved`` ahead by 2.9 %, measured ``fa3`` ahead by 4.7 % (two columns per head:
+# the waits the replay prices are hidden there in the kernel).
 
 
 #: Deterministic causal rows with at most this many queries and keys run ``fa3``'s order
@@ -280,13 +266,13 @@ def choose_kernel_schedule(batch: int, heads: int, heads_kv: int, seqlen_q: int,
     """``schedule="auto"``: the portable kernel schedule the calibrated model finds fastest.
 
     Deterministic: short causal rows (``SHORT_CAUSAL_FA3_MAX_SEQLEN``) take ``fa3``'s order;
-    otherwise ranks ``kernel_candidates(causal)`` (ties: ``AUTO_TIE_ORDER``; under a full mask
-    ends within ``AUTO_FULL_MASK_NEAR_TIE`` of the best count as ties) for a grid of
+    otherwise ranks ``kernel_candidates(causal)`` (ties: ``AUTO_TIE_ORDER``) for a grid of
     ``AUTO_REFERENCE_CTAS`` CTAs whatever ``ctas`` is, so that the choice, and with it the
     bits, are the same on every Hopper part and with any ``sm_margin``; on at most
     ``AUTO_MAX_WAVES`` waves of the grid's columns, with the full problem's L2 sections, the
-    kernel's dQ accumulation chains and pipeline depth (``kernel_dq_chains``). Cached
-    per shape, so training loops pay it once per shape (up to about 1 s at 16k tokens).
+    kernel's dQ accumulation chains and pipeline depth (``kernel_dq_chains``), the claims
+    replayed in simulated time (``replay_claims``). Cached per shape, so training loops pay it
+    once per shape (up to about 0.6 s at 16k tokens).
 
     Without determinism the turns are unused and the model, which prices turn waits, has
     nothing to rank; the order only has to balance the grid and keep concurrent reduce-adds
@@ -306,10 +292,7 @@ def choose_kernel_schedule(batch: int, heads: int, heads_kv: int, seqlen_q: int,
     ranked = rank_kernel_schedules(batch, heads, heads_kv, seqlen_q, seqlen_k, head_dim, causal, AUTO_REFERENCE_CTAS)
     if not ranked:
         return "fa3"
-    if causal:
-        return ranked[0][0]
-    near = [name for name, end in ranked if end <= ranked[0][1] * (1.0 + AUTO_FULL_MASK_NEAR_TIE)]
-    return min(near, key=AUTO_TIE_ORDER.index)
+    return ranked[0][0]
 
 
 #: Where non-deterministic ``auto``'s rule comes from (benchmarks/bench_bwd.py with the opt-in
@@ -395,20 +378,23 @@ def auto_simulation(batch: int, heads: int, heads_kv: int, seqlen_q: int, seqlen
 def rank_kernel_schedules(batch: int, heads: int, heads_kv: int, seqlen_q: int, seqlen_k: int, head_dim: int,
                           causal: bool, ctas: int) -> tuple[tuple[str, float], ...]:
     """What deterministic ``auto`` ranks: ``((name, end), ...)`` fastest first (ties: the
-    earlier name in ``AUTO_TIE_ORDER``) over ``kernel_candidates(causal)``, each
-    simulated for a grid of ``ctas`` CTAs on at most ``AUTO_MAX_WAVES`` waves of the grid's
-    columns (whole KV groups, the full problem's L2 sections) with the kernel's calibrated
-    costs, dQ and dK/dV chains and pipeline depth (``auto_simulation``); ``end`` is the makespan
-    plus what of the whole problem's dQ convert the simulated tail does not absorb
-    (``end_with_dq_convert``). ``auto`` calls it with ``AUTO_REFERENCE_CTAS``; other grids show
-    what it would pick were it free to depend on the grid."""
+    earlier name in ``AUTO_TIE_ORDER``) over ``kernel_candidates(causal)``, each replayed for
+    a grid of ``ctas`` CTAs with claims in simulated time (``replay_claims``) on at most
+    ``AUTO_MAX_WAVES`` waves of the grid's columns (whole KV groups, the full problem's L2
+    sections) with the kernel's calibrated costs, dQ and dK/dV chains and pipeline depth
+    (``auto_simulation``); ``end`` is the makespan plus what of the whole problem's dQ convert
+    the replayed tail does not absorb (``end_with_dq_convert``). ``auto`` calls it with
+    ``AUTO_REFERENCE_CTAS``; other grids show what it would pick were it free to depend on the
+    grid."""
     sim = auto_simulation(batch, heads, heads_kv, seqlen_q, seqlen_k, head_dim, causal, ctas)
     order = {n: i for i, n in enumerate(AUTO_TIE_ORDER)}
     rows = []
     for name in kernel_candidates(causal):
-        res = simulate(make_plan(sim.part, name, ctas, section_heads=sim.section_heads), sim.costs, sim.depth,
-                       chains=sim.chains, kv_chains=sim.kv_chains)
-        if res.deadlock_free:  # cannot fail for these orders (tested); never rank one that would deadlock
-            rows.append((name, round(end_with_dq_convert(res, sim.convert_us), 9)))
+        plan = make_plan(sim.part, name, ctas, section_heads=sim.section_heads)
+        try:
+            rep = replay_claims(plan, sim.costs, sim.depth, chains=sim.chains, kv_chains=sim.kv_chains)
+        except RuntimeError:  # a wait on a later claim: cannot happen for these orders (tested); never rank it
+            continue
+        rows.append((name, round(end_with_dq_convert(rep.makespan, rep.cta_last, sim.convert_us), 9)))
     rows.sort(key=lambda r: (r[1], order[r[0]]))
     return tuple(rows)

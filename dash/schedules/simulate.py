@@ -595,3 +595,106 @@ def _critical_path(res: SimResult) -> list[PathNode]:
         cur = nxt
     path.reverse()
     return path
+
+
+# --------------------------------------------------------------------------------------------
+# Claims in simulated time
+# --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ClaimReplay:
+    """What ``replay_claims`` returns."""
+
+    makespan: float
+    cta_last: np.ndarray  # (ctas,) when each CTA's last step, reduce-add or epilogue ended
+    claim_cta: np.ndarray  # (K,) the CTA that ran each row of ``plan.cols`` in the replay
+
+
+def replay_claims(plan: Plan, costs: Costs | None = None, depth: int = 1, *, chains: int = 1,
+                  kv_chains: int = 1) -> ClaimReplay:
+    """``plan``'s columns claimed the way the kernel claims them: in the plan's claim order
+    (``plan.item_sequence()``), each by the CTA that frees first in simulated time.
+
+    ``simulate`` runs the plan's static dispatch, which list-schedules the claims on step
+    counts: under a full mask every column has the same length, so CTA ``k`` runs items
+    ``k, k + ctas, ...`` as if every CTA finished its column at the same instant, and in every
+    wave the columns of a head start together whatever the claim order. In the kernel a CTA
+    claims from an atomic counter when its column ends, so once turn waits have spread the
+    CTAs' finishing times, the claim order decides how far apart a head's columns start and
+    how long they queue on each other's dQ tiles (``interleaved`` claims a column of every
+    head of an L2 section before the next column of one; ``fa3`` a head's columns back to
+    back). Same rules as ``simulate`` otherwise: step ``k``'s compute starts when step
+    ``k - 1``'s ended and the CTA's reduce-add of step ``k - 1 - depth`` ended; a reduce-add
+    starts when its compute ended, the CTA's previous reduce-add ended and the previous add
+    of its chain (``chains``) ended plus ``latency``; the epilogue (``epilogue + r_kv``) starts
+    after the column's last compute and, under GQA, the dK/dV adds it waits for
+    (``kv_links``) plus ``latency``; its end is when the CTA claims again. With one CTA this is
+    ``simulate``'s makespan exactly.
+
+    Only for claimed plans (``fa3``, ``interleaved``, ``descending``); raises ``ValueError``
+    for a static dispatch and ``RuntimeError`` if a wait points to a column claimed later
+    (which would hang the kernel; no portable order has one).
+    """
+    import heapq
+
+    if plan.recipe.dispatch != "claim" or plan.recipe.items != "single":
+        raise ValueError(f"schedule {plan.schedule!r} is not claimed column by column; use simulate()")
+    if depth < 0:
+        raise ValueError(f"depth={depth} must be >= 0")
+    costs = Costs() if costs is None else costs
+    t = plan.tiling
+    st = plan.steps()
+    S, P, K = plan.num_steps, plan.ctas, len(plan.cols)
+    c = costs.class_costs()[t.tile_class[st["b"], st["m"], st["n"]]].tolist()
+    pred = _turn_links(st, plan, chains)[0].tolist()
+    vptr = plan.visit_ptr.tolist()
+    seq = plan.item_sequence()
+    order = plan.column_index()[seq[:, 0], seq[:, 1], seq[:, 2]].tolist() if K else []
+    group = t.problem.heads_q // t.problem.heads_kv
+    kv_pred = [[int(v) for v in row if v >= 0] for row in kv_links(plan, kv_chains)[0]] if group > 1 else None
+    r, lat, epi = float(costs.r), float(costs.latency), float(costs.epilogue + costs.r_kv)
+
+    re = [_UNKNOWN] * S
+    epi_end = [_UNKNOWN] * K
+    claim_cta = np.full(K, -1, dtype=np.int64)
+    history: list[list[float]] = [[] for _ in range(P)]  # reduce-add ends per CTA, in order
+    last = [0.0] * P
+    free = [(0.0, x) for x in range(P)]
+    for i in order:
+        t_free, x = heapq.heappop(free)
+        claim_cta[i] = x
+        hist = history[x]
+        ce = t_free
+        wend = hist[-1] if hist else 0.0
+        for s in range(vptr[i], vptr[i + 1]):
+            j = len(hist) - 1 - depth
+            start = hist[j] if j >= 0 and hist[j] > ce else ce
+            ce = start + c[s]
+            rs = ce if ce > wend else wend
+            p = pred[s]
+            if p >= 0:
+                v = re[p]
+                if v < 0:
+                    raise RuntimeError(f"column {tuple(int(a) for a in plan.cols[i])} waits for the add of step {p}, "
+                                       "claimed later")
+                v += lat
+                if v > rs:
+                    rs = v
+            wend = rs + r
+            re[s] = wend
+            hist.append(wend)
+        es = ce
+        if kv_pred is not None:
+            for pc in kv_pred[i]:
+                v = epi_end[pc]
+                if v < 0:
+                    raise RuntimeError(f"column {tuple(int(a) for a in plan.cols[i])} waits for the dK/dV add of "
+                                       f"column {pc}, claimed later")
+                v += lat
+                if v > es:
+                    es = v
+        done = es + epi
+        epi_end[i] = done
+        last[x] = done if done > wend else wend
+        heapq.heappush(free, (done, x))
+    return ClaimReplay(float(max(last)) if P else 0.0, np.asarray(last), claim_cta)

@@ -251,10 +251,40 @@ class TraceResult:
         depth = kernel_pipeline_depth(self.problem.head_dim, self.problem.causal)
         return simulate(self.plan(), costs or self.fit_costs(), depth, chains=self.chains, kv_chains=self.kv_chains)
 
+    def replay_model(self, costs: Optional[Costs] = None):
+        """The model ``auto`` ranks by for this run: its claims replayed in simulated time
+        (``dash.schedules.simulate.replay_claims``), with ``costs`` (default: fitted to this
+        trace); None for a schedule whose columns are not claimed (``shift``)."""
+        from dash.schedules.auto import kernel_pipeline_depth
+        from dash.schedules.simulate import replay_claims
+
+        plan = self.plan()
+        if plan.recipe.dispatch != "claim":
+            return None
+        depth = kernel_pipeline_depth(self.problem.head_dim, self.problem.causal)
+        return replay_claims(plan, costs or self.fit_costs(), depth, chains=self.chains, kv_chains=self.kv_chains)
+
+    def column_start_gaps_us(self) -> np.ndarray:
+        """Per (batch, head) with more than one column, the median time between the starts of
+        its consecutive columns (first dQ partial ready of each, sorted): how far apart a
+        head's columns run, which decides how long they queue on each other's dQ tiles."""
+        r = self.records
+        nn = int(r["n"].max(initial=0)) + 1
+        cols, inv = np.unique((r["b"] * self.problem.heads_q + r["h"]) * nn + r["n"], return_inverse=True)
+        first = np.full(len(cols), np.inf)
+        np.minimum.at(first, inv, r["t_ready"])
+        return median_gaps_per_head(cols // nn, first)
+
     def summary(self) -> dict:
         """Numbers for a report: steps, makespan, wait fractions, fitted costs, model makespan."""
         costs = self.fit_costs()
         sim = self.simulate_model(costs)
+        rep = self.replay_model(costs)
+        gaps = self.column_start_gaps_us()
+        rgaps = np.zeros(0)
+        if rep is not None:
+            cols = self.plan().cols.astype(np.int64)
+            rgaps = median_gaps_per_head(cols[:, 0] * self.problem.heads_q + cols[:, 1], rep.claim_time)
         per_cta = self.wait_fraction_per_cta()
         return {
             "schedule": self.schedule, "deterministic": self.deterministic, "ctas": self.ctas,
@@ -263,7 +293,21 @@ class TraceResult:
             "wait_fraction_max_cta": float(per_cta.max(initial=0.0)),
             "fitted_costs_us": costs.as_dict(), "model_makespan_us": float(sim.makespan),
             "model_wait_fraction": float(sim.total_wait / (sim.makespan * sim.plan.ctas)) if sim.makespan > 0 else 0.0,
+            "model_replay_makespan_us": float(rep.makespan) if rep is not None else None,
+            "column_start_gap_us_median": float(np.median(gaps)) if len(gaps) else None,
+            "model_replay_column_start_gap_us_median": float(np.median(rgaps)) if len(rgaps) else None,
         }
+
+
+def median_gaps_per_head(head: np.ndarray, start: np.ndarray) -> np.ndarray:
+    """Per head id with more than one column, the median gap between its columns' sorted
+    ``start`` times."""
+    head, start = np.asarray(head), np.asarray(start, dtype=np.float64)
+    order = np.lexsort((start, head))
+    h, t = head[order], start[order]
+    same = h[1:] == h[:-1]
+    d, hd = (t[1:] - t[:-1])[same], h[1:][same]
+    return np.asarray([float(np.median(d[hd == x])) for x in np.unique(hd)])
 
 
 def trace_backward(dout, q, k, v, out, softmax_lse, *, softmax_scale: Optional[float] = None, causal: bool = False,
@@ -456,7 +500,12 @@ def run(args: argparse.Namespace) -> int:
     print(f"  fitted   : c {fc['c']:.3f} µs/step, r {fc['r']:.3f}, latency {fc['latency']:.3f}, "
           f"epilogue {fc['epilogue']:.3f}")
     print(f"  model    : {s['model_makespan_us']:9.1f} µs with the fitted costs, "
-          f"turn waits {100 * s['model_wait_fraction']:.2f} %")
+          f"turn waits {100 * s['model_wait_fraction']:.2f} % (static dispatch)")
+    if s["model_replay_makespan_us"] is not None:
+        gap, mgap = s["column_start_gap_us_median"], s["model_replay_column_start_gap_us_median"]
+        print(f"  replayed : {s['model_replay_makespan_us']:9.1f} µs with claims in simulated time (what auto ranks by)"
+              + (f"; a head's columns start {gap:.2f} µs apart (median; replay {mgap:.2f})"
+                 if gap is not None and mgap is not None else ""))
     problems = tr.check_against_model()
     print("  order    : " + ("the kernel's accumulation order equals the model's" if not problems
                              else "; ".join(problems)))

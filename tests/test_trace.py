@@ -133,6 +133,30 @@ def test_fitted_costs_recover_the_simulated_ones():
     assert tr.wait_fraction_per_cta().shape == (8,)
 
 
+def test_column_start_gaps_and_the_replay_in_the_summary():
+    """The model's own trace of a static plan: a head's columns start exactly as the simulation
+    started them, so the measured gaps are the simulation's; the summary carries the replay's
+    makespan (claimed schedules only) and its gaps beside them."""
+    from dash.trace import median_gaps_per_head
+
+    problem = Problem(2, 3, 1024, 1024, head_dim=128)
+    plan, res, raw, tr = _trace(problem, "fa3", 5)
+    st = plan.steps()
+    first = {}
+    for i in np.argsort(res.compute_end, kind="stable"):
+        first.setdefault((int(st["b"][i]), int(st["h"][i]), int(st["n"][i])), float(res.compute_end[i]))
+    keys = sorted(first)
+    heads = np.array([b * 3 + h for b, h, _ in keys])
+    want = median_gaps_per_head(heads, np.array([first[k] for k in keys]))
+    assert tr.column_start_gaps_us() == pytest.approx(want, abs=2e-3)
+    assert median_gaps_per_head(np.array([0, 0, 0, 1]), np.array([5.0, 1.0, 2.0, 9.0])).tolist() == [2.0]
+    sm = tr.summary()
+    assert sm["model_replay_makespan_us"] > 0 and sm["column_start_gap_us_median"] is not None
+    assert sm["model_replay_column_start_gap_us_median"] is not None
+    _, _, _, tr_shift = _trace(Problem(1, 4, 2048, 1024, head_dim=64), "shift", 6)
+    assert tr_shift.replay_model() is None and tr_shift.summary()["model_replay_makespan_us"] is None
+
+
 def test_decode_rejects_a_wrong_layout():
     with pytest.raises(ValueError, match="int64"):
         decode_records(np.zeros((3, 10), dtype=np.int64), 2)

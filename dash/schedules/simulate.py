@@ -608,6 +608,7 @@ class ClaimReplay:
     makespan: float
     cta_last: np.ndarray  # (ctas,) when each CTA's last step, reduce-add or epilogue ended
     claim_cta: np.ndarray  # (K,) the CTA that ran each row of ``plan.cols`` in the replay
+    claim_time: np.ndarray  # (K,) when that CTA claimed it (its previous column's epilogue ended)
 
 
 def replay_claims(plan: Plan, costs: Costs | None = None, depth: int = 1, *, chains: int = 1,
@@ -657,12 +658,13 @@ def replay_claims(plan: Plan, costs: Costs | None = None, depth: int = 1, *, cha
     re = [_UNKNOWN] * S
     epi_end = [_UNKNOWN] * K
     claim_cta = np.full(K, -1, dtype=np.int64)
+    claim_time = np.zeros(K)
     history: list[list[float]] = [[] for _ in range(P)]  # reduce-add ends per CTA, in order
     last = [0.0] * P
     free = [(0.0, x) for x in range(P)]
     for i in order:
         t_free, x = heapq.heappop(free)
-        claim_cta[i] = x
+        claim_cta[i], claim_time[i] = x, t_free
         hist = history[x]
         ce = t_free
         wend = hist[-1] if hist else 0.0
@@ -697,4 +699,4 @@ def replay_claims(plan: Plan, costs: Costs | None = None, depth: int = 1, *, cha
         epi_end[i] = done
         last[x] = done if done > wend else wend
         heapq.heappush(free, (done, x))
-    return ClaimReplay(float(max(last)) if P else 0.0, np.asarray(last), claim_cta)
+    return ClaimReplay(float(max(last)) if P else 0.0, np.asarray(last), claim_cta, claim_time)

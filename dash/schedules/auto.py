@@ -120,7 +120,7 @@ def kernel_candidates(causal: bool) -> tuple[str, ...]:
 #: benchmarks/results/2026-11-30-NVIDIA-H200-bwd-fa3.json and the GQA log), auto named the
 #: measured-best schedule on 6 rows and was > 3 % slower than it on 4 (GQA 32/8 causal 4k-16k,
 #: MQA 8/1); with 10 waves, 12 rows and 2 (hdim 128 causal 512: 0.954, MQA 8/1 causal 8k:
-#: 0.949). A choice then costs up to about 1 s of host time, once per shape (cached).
+#: 0.949). A choice then costs up to about 0.6 s of host time (hdim 128 full 16k), once per shape (cached).
 AUTO_MAX_WAVES = 10
 
 

@@ -214,6 +214,12 @@ def test_kernel_flag_models_the_kernel_and_prints_autos_pick(capsys):
     assert data["costs"] == kernel_costs(128, True).as_dict()
     assert data["dq_chains"] == kernel_dq_chains(128, True) and data["pipeline_depth"] == kernel_pipeline_depth(128, True)
     assert data["auto"] == choose_kernel_schedule(8, 16, 16, 2048, 2048, 128, True, 132)
+    # What auto ranks by: the claimed schedules replayed with claims in simulated time.
+    replayed = data["replayed_makespan"]
+    assert set(replayed) == {"fa3", "descending"} and all(v > 0 for v in replayed.values())
+    rc, out, _ = _run(["--seqlen", "512", "--hdim", "128", "--kernel", "--schedule", "fa3,interleaved,shift"], capsys)
+    line = [ln for ln in out.splitlines() if ln.startswith("claims replayed in simulated time")]
+    assert rc == 0 and len(line) == 1 and "fa3" in line[0] and "interleaved" in line[0] and "shift" not in line[0]
     rc, out, _ = _run(["--seqlen", "512", "--hdim", "128", "--causal", "--kernel"], capsys)
     assert rc == 0 and f"deterministic auto picks {choose_kernel_schedule(32, 16, 16, 512, 512, 128, True, 132)} " in out
     rc, _, err = _run(["--seqlen", "512", "--hdim", "128", "--kernel", "--costs", os.devnull], capsys)

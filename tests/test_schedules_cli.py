@@ -218,7 +218,7 @@ def test_kernel_flag_models_the_kernel_and_prints_autos_pick(capsys):
     replayed = data["replayed_makespan"]
     assert set(replayed) == {"fa3", "descending"} and all(v > 0 for v in replayed.values())
     rc, out, _ = _run(["--seqlen", "512", "--hdim", "128", "--kernel", "--schedule", "fa3,interleaved,shift"], capsys)
-    line = [ln for ln in out.splitlines() if ln.startswith("claims replayed in simulated time")]
+    line = [ln for ln in out.splitlines() if ln.startswith("makespan with the claims replayed in simulated time")]
     assert rc == 0 and len(line) == 1 and "fa3" in line[0] and "interleaved" in line[0] and "shift" not in line[0]
     rc, out, _ = _run(["--seqlen", "512", "--hdim", "128", "--causal", "--kernel"], capsys)
     assert rc == 0 and f"deterministic auto picks {choose_kernel_schedule(32, 16, 16, 512, 512, 128, True, 132)} " in out

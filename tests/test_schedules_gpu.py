@@ -215,11 +215,10 @@ def test_portable_schedules_give_the_same_bits_for_any_cta_count(head_dim, causa
             for name, a, b in zip(("dq", "dk", "dv"), base, got):
                 assert torch.equal(a, b), (f"{schedule} d={head_dim} causal={causal} {_tag(seed)}: sm_margin={margin} "
                                            f"({sms - margin} CTAs) changed {name}")
-    # GQA 16/4, shapes where the model (with the kernel's dK/dV chains, kernel notes, thirty-fifth pass) ranks per grid
-    # (132, 131, 114, 78 CTAs): full hdim 64, 4 x 768: fa3, interleaved, fa3, interleaved; full
-    # hdim 128, 2 x 1536: fa3, fa3, interleaved, interleaved; causal hdim 64, 2 x 1152:
-    # descending twice, fa3 twice; causal hdim 128, 2 x 1536: descending, descending, fa3,
-    # descending. (Causal rows are longer than 1024 tokens: auto takes fa3 there without the model.)
+    # GQA 16/2, shapes where the model, were it free to rank for the launched grid (132, 131, 114,
+    # 78 CTAs), picks differently on some of them (AUTO_PER_GRID_SHAPES; tests/test_gpu_test_policy.py
+    # checks that on the CPU). Causal rows are longer than 1024 tokens: auto takes fa3 there
+    # without the model.
     seed = _seed("portable-auto", head_dim, causal)
     batch, seqlen, heads, heads_kv = AUTO_PER_GRID_SHAPES[(head_dim, causal)]
     q, k, v, dout = _inputs(batch, seqlen, seqlen, heads, heads_kv, head_dim, seed)

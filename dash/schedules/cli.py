@@ -262,8 +262,8 @@ def run_simulate(args: argparse.Namespace) -> int:
             else:
                 print(f"{name:<16} {'-':>10} {'-':>8} {'-':>7} {'-':>11} {'NO':>14} {port:>9}")
         if replayed:
-            print("claims replayed in simulated time (what auto ranks by): "
-                  + ", ".join(f"{n} {m:.1f}" for n, m in replayed.items()))
+            print("makespan with the claims replayed in simulated time (auto ranks that, on its part of the "
+                  "problem and grid, plus the dQ convert): " + ", ".join(f"{n} {m:.1f}" for n, m in replayed.items()))
         if auto_pick is not None:
             from dash.schedules.auto import AUTO_MAX_WAVES, AUTO_REFERENCE_CTAS, SHORT_CAUSAL_FA3_MAX_SEQLEN
 

@@ -661,9 +661,12 @@ def replay_claims(plan: Plan, costs: Costs | None = None, depth: int = 1, *, cha
     claim_time = np.zeros(K)
     history: list[list[float]] = [[] for _ in range(P)]  # reduce-add ends per CTA, in order
     last = [0.0] * P
-    free = [(0.0, x) for x in range(P)]
-    for i in order:
-        t_free, x = heapq.heappop(free)
+    # (free time, rank, CTA): among CTAs free at one instant the one freed by the earliest claim
+    # claims first, and at the start every CTA claims once before any claims twice (a column
+    # with no steps and no epilogue cost would otherwise hand its CTA the next claim too).
+    free = [(0.0, x - P, x) for x in range(P)]
+    for rank, i in enumerate(order):
+        t_free, _, x = heapq.heappop(free)
         claim_cta[i], claim_time[i] = x, t_free
         hist = history[x]
         ce = t_free
@@ -698,5 +701,5 @@ def replay_claims(plan: Plan, costs: Costs | None = None, depth: int = 1, *, cha
         done = es + epi
         epi_end[i] = done
         last[x] = done if done > wend else wend
-        heapq.heappush(free, (done, x))
+        heapq.heappush(free, (done, rank, x))
     return ClaimReplay(float(max(last)) if P else 0.0, np.asarray(last), claim_cta, claim_time)

@@ -251,15 +251,16 @@ class TraceResult:
         depth = kernel_pipeline_depth(self.problem.head_dim, self.problem.causal)
         return simulate(self.plan(), costs or self.fit_costs(), depth, chains=self.chains, kv_chains=self.kv_chains)
 
-    def replay_model(self, costs: Optional[Costs] = None):
+    def replay_model(self, costs: Optional[Costs] = None, plan=None):
         """The model ``auto`` ranks by for this run: its claims replayed in simulated time
         (``dash.schedules.simulate.replay_claims``), with ``costs`` (default: fitted to this
-        trace); None for a schedule whose columns are not claimed (``shift``)."""
+        trace); None for a schedule whose columns are not claimed (``shift``). ``plan``:
+        ``self.plan()`` if already built."""
         from dash.schedules.auto import kernel_pipeline_depth
         from dash.schedules.simulate import replay_claims
 
-        plan = self.plan()
-        if plan.recipe.dispatch != "claim":
+        plan = self.plan() if plan is None else plan
+        if not plan.claimed:
             return None
         depth = kernel_pipeline_depth(self.problem.head_dim, self.problem.causal)
         return replay_claims(plan, costs or self.fit_costs(), depth, chains=self.chains, kv_chains=self.kv_chains)
@@ -279,11 +280,12 @@ class TraceResult:
         """Numbers for a report: steps, makespan, wait fractions, fitted costs, model makespan."""
         costs = self.fit_costs()
         sim = self.simulate_model(costs)
-        rep = self.replay_model(costs)
+        plan = sim.plan
+        rep = self.replay_model(costs, plan)
         gaps = self.column_start_gaps_us()
         rgaps = np.zeros(0)
         if rep is not None:
-            cols = self.plan().cols.astype(np.int64)
+            cols = plan.cols.astype(np.int64)
             rgaps = median_gaps_per_head(cols[:, 0] * self.problem.heads_q + cols[:, 1], rep.claim_time)
         per_cta = self.wait_fraction_per_cta()
         return {

@@ -26,8 +26,6 @@ import argparse
 import sys
 from pathlib import Path
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -50,13 +48,8 @@ def compare(seqlen: int, head_dim: int, causal: bool, ctas: int = 132, schedules
         plan = make_plan(sim.part, name, ctas, section_heads=sim.section_heads)
         res = simulate(plan, sim.costs, sim.depth, chains=sim.chains, kv_chains=sim.kv_chains)
         rep = replay_claims(plan, sim.costs, sim.depth, chains=sim.chains, kv_chains=sim.kv_chains)
-        last = np.zeros(plan.ctas)
-        st_cta = plan.steps()["cta"]
-        for arr in (res.compute_end, res.reduce_end):
-            np.maximum.at(last, st_cta, np.nan_to_num(arr, nan=0.0))
-        np.maximum.at(last, plan.col_cta(), np.nan_to_num(res.epilogue_end, nan=0.0))
         out[name] = {"auto_end": end_with_dq_convert(rep.makespan, rep.cta_last, sim.convert_us),
-                     "static_end": end_with_dq_convert(float(res.makespan), last, sim.convert_us),
+                     "static_end": end_with_dq_convert(float(res.makespan), res.cta_last, sim.convert_us),
                      "static": float(res.makespan), "dynamic": rep.makespan}
     return out
 

@@ -219,7 +219,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     replayed: dict[str, float] = {}
     if getattr(args, "kernel", False):
         for name, res in results.items():
-            if res.deadlock_free and res.plan.recipe.dispatch == "claim":
+            if res.deadlock_free and res.plan.claimed:
                 replayed[name] = replay_claims(res.plan, costs, args.pipeline_depth, chains=args.dq_chains,
                                                kv_chains=args.kv_chains).makespan
 

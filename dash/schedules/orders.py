@@ -102,6 +102,12 @@ class Plan:
         return self.recipe.portable
 
     @property
+    def claimed(self) -> bool:
+        """True when CTAs claim the columns one by one in claim order (``fa3``, ``interleaved``,
+        ``descending``): what ``simulate.replay_claims`` can replay."""
+        return self.recipe.dispatch == "claim" and self.recipe.items == "single"
+
+    @property
     def min_ctas(self) -> int:
         """Smallest grid the order can run on (team-dispatched orders need one whole team)."""
         return max(1, self.recipe.group) if self.recipe.dispatch == "teams" else 1

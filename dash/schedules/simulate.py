@@ -140,6 +140,16 @@ class SimResult:
         return float(np.nansum(self.turn_wait))
 
     @property
+    def cta_last(self) -> np.ndarray:
+        """``(P,)`` when each CTA's last step, reduce-add or epilogue ended (as
+        ``ClaimReplay.cta_last``; what ``auto.end_with_dq_convert`` reads the tail from)."""
+        last = np.zeros(self.plan.ctas)
+        for arr in (self.compute_end, self.reduce_end):
+            np.maximum.at(last, self.plan.steps()["cta"], np.nan_to_num(arr, nan=0.0))
+        np.maximum.at(last, self.plan.col_cta(), np.nan_to_num(self.epilogue_end, nan=0.0))
+        return last
+
+    @property
     def efficiency(self) -> float:
         """``lower_bound / makespan`` (1 = optimal)."""
         return self.lower_bound / self.makespan if self.makespan > 0 else 1.0
@@ -638,7 +648,7 @@ def replay_claims(plan: Plan, costs: Costs | None = None, depth: int = 1, *, cha
     """
     import heapq
 
-    if plan.recipe.dispatch != "claim" or plan.recipe.items != "single":
+    if not plan.claimed:
         raise ValueError(f"schedule {plan.schedule!r} is not claimed column by column; use simulate()")
     if depth < 0:
         raise ValueError(f"depth={depth} must be >= 0")

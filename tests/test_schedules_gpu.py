@@ -182,7 +182,7 @@ def test_every_schedule_bitwise_1000_repeats(head_dim, causal):
 #: Re-found when auto began to replay claims in simulated time (the static dispatch's shapes
 #: no longer split): the causal ones above 1024 keys, so that auto ranks them at all
 #: (SHORT_CAUSAL_FA3_MAX_SEQLEN).
-AUTO_PER_GRID_SHAPES = {(64, False): (2, 640, 16, 2), (128, False): (2, 512, 16, 2),
+AUTO_PER_GRID_SHAPES = {(64, False): (2, 640, 16, 2), (128, False): (3, 512, 16, 2),
                         (64, True): (1, 1152, 16, 2), (128, True): (2, 1536, 16, 2)}
 AUTO_GRID_SHAPE = (2, 1280, 16, 2)
 

@@ -44,12 +44,10 @@ def test_the_grid_independence_shapes_still_let_the_model_choose_per_grid():
 
     cases = [(hd, causal, shape) for (hd, causal), shape in gpu_tests.AUTO_PER_GRID_SHAPES.items()]
     cases.append((128, True, gpu_tests.AUTO_GRID_SHAPE))
-    from dash.config import bwd_tile_config
-
     for head_dim, causal, (batch, seqlen, heads, heads_kv) in cases:
         # Each sm_margin must launch its own grid: the grid is min(SMs - margin, columns), so a
         # shape with fewer columns than a 132-SM part's SMs runs two margins on one grid.
-        columns = batch * heads * -(-seqlen // bwd_tile_config(head_dim, causal).block_n)
+        columns = gpu_tests._columns(batch, heads, seqlen, head_dim, causal)
         assert columns >= 132, (head_dim, causal, (batch, seqlen, heads, heads_kv), columns)
         picks = {ctas: rank_kernel_schedules(batch, heads, heads_kv, seqlen, seqlen, head_dim, causal, ctas)[0][0]
                  for ctas in (132, 131, 114, 78)}

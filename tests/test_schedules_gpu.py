@@ -75,12 +75,17 @@ def _check(q, k, v, dout, out, lse, causal, grads, label):
         reference.assert_within_bound_blocks(g, h, l, f"{label} {name}", rows)
 
 
+def _columns(batch, heads, seqlen_k, head_dim, causal):
+    """Work items of the backward's persistent grid: KV tiles of every (batch, query head)."""
+    return batch * heads * -(-seqlen_k // bwd_tile_config(head_dim, causal).block_n)
+
+
 def _distinct_grids(batch, heads, seqlen_k, head_dim, causal, margins):
     """Assert that every sm_margin in ``margins`` (and 0) launches a grid of its own: the kernel
     launches min(columns, SMs - sm_margin) CTAs, so a shape with fewer columns than the grids
     runs the same grid under several margins and tests nothing about them."""
     sms = _sms()
-    columns = batch * heads * -(-seqlen_k // bwd_tile_config(head_dim, causal).block_n)
+    columns = _columns(batch, heads, seqlen_k, head_dim, causal)
     grids = [min(columns, sms - m) for m in (0, *margins)]
     assert len(set(grids)) == len(grids), f"sm_margin {(0, *margins)} launch the grids {grids} ({columns} columns)"
     return grids

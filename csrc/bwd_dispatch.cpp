@@ -169,6 +169,23 @@ int bwd_dkv_chains(BwdParams const& p) {
   });
 }
 
+bool bwd_kv_group_items(BwdParams const& p) {
+  if (p.cu_seqlens_q != nullptr || p.schedule == BwdScheduleKind::kShift || p.num_heads_k < 1 ||
+      p.num_heads <= p.num_heads_k) {
+    return false;
+  }
+  return with_tile_config(p, [&](auto cfg) {
+    using Cfg = decltype(cfg);
+    TileGeometry geo;
+    geo.seqlen_q = p.seqlen_q;
+    geo.seqlen_k = p.seqlen_k;
+    geo.block_m = Cfg::kBlockM;
+    geo.block_n = Cfg::kBlockN;
+    geo.causal = Cfg::Is_causal;
+    return kv_group_items_for(geo, p.num_heads, p.num_heads_k, p.batch, Cfg::kKvGroupMinShare);
+  });
+}
+
 int64_t bwd_trace_steps(BwdParams const& p) {
   return with_tile_config(p, [&](auto cfg) { return bwd_trace_steps_for<decltype(cfg)>(p); });
 }

@@ -18,6 +18,7 @@ import sys
 import textwrap
 import zlib
 
+import numpy as np
 import pytest
 import torch
 
@@ -430,3 +431,147 @@ def test_gqa_has_no_per_head_dk_dv_copies():
     per_head_copies = 2 * q.numel() * 2
     assert extra < needed + per_head_copies // 4, (
         f"backward used {extra / 2**20:.0f} MiB extra; outputs and workspaces need {needed / 2**20:.0f} MiB")
+
+
+# ---------------------------------------------------------------------------------------------
+# KV-group items (csrc/schedule/schedule.h, ClaimedSchedule::heads_per_item): one work item runs
+# a KV column for every query head of its group and sums dK/dV in registers. DASH_GQA_ITEMS
+# (read by the binding per call) forces them, or per-head items, whatever the shape rule says.
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("heads, heads_k", [(8, 1), (32, 8), (6, 1), (12, 4)])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_kv_group_items_accuracy_bits_and_grids(monkeypatch, heads, heads_k, head_dim, causal):
+    """Forced KV-group items: accurate against the reference, bitwise repeatable, the same bits
+    on grids of 3 and 1 CTAs, and dQ bitwise equal to per-head items' (each head's column keeps
+    its visits and turns, so dQ receives the same adds in the same order)."""
+    seed = _seed("kv-group", heads, heads_k, head_dim, causal)
+    q, k, v, dout = _inputs(1, 640, 1024, heads, heads_k, head_dim, seed)
+    out, lse = _forward(q, k, v, causal)
+    for schedule in PORTABLE_KERNEL_SCHEDULES:
+        label = f"KV-group {heads}/{heads_k} d={head_dim} causal={causal} {schedule} {_tag(seed)}"
+        monkeypatch.setenv("DASH_GQA_ITEMS", "kv_group")
+        grads = _repeat_bitwise(q, k, v, dout, out, lse, causal, schedule, 20, label)
+        _check(q, k, v, dout, out, lse, causal, grads, label)
+        for margin in (_sms() - 3, _sms() - 1):
+            got = attention_backward(dout, q, k, v, out, lse, causal=causal, deterministic=True, schedule=schedule,
+                                     sm_margin=margin)
+            assert all(torch.equal(a, b) for a, b in zip(grads, got)), f"{label}: bits depend on the grid ({margin})"
+        monkeypatch.setenv("DASH_GQA_ITEMS", "per_head")
+        per_head = attention_backward(dout, q, k, v, out, lse, causal=causal, deterministic=True, schedule=schedule)
+        assert torch.equal(grads[0], per_head[0]), f"{label}: dQ bits differ from per-head items'"
+
+
+@pytest.mark.parametrize("heads, heads_k", [(8, 2), (6, 1)])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_kv_group_items_non_deterministic(monkeypatch, heads, heads_k, head_dim, causal):
+    """Without determinism (longest columns first, unordered dQ adds), on the full grid and on
+    1 and 3 CTAs, with ragged column and tile tails."""
+    monkeypatch.setenv("DASH_GQA_ITEMS", "kv_group")
+    seed = _seed("kv-group-nondet", heads, heads_k, head_dim, causal)
+    q, k, v, dout = _inputs(2, 1025, 777, heads, heads_k, head_dim, seed)
+    out, lse = _forward(q, k, v, causal)
+    for schedule in PORTABLE_KERNEL_SCHEDULES:
+        for margin in (0, _sms() - 3, _sms() - 1):
+            grads = attention_backward(dout, q, k, v, out, lse, causal=causal, deterministic=False,
+                                       schedule=schedule, sm_margin=margin)
+            _check(q, k, v, dout, out, lse, causal, grads,
+                   f"KV-group nondet {heads}/{heads_k} d={head_dim} causal={causal} {schedule} margin={margin} "
+                   f"{_tag(seed)}")
+
+
+def test_kv_group_rule_is_what_runs_by_default(monkeypatch):
+    """GQA 32/8 hdim 128 causal 4k, batch 4 and 1: the default run gives the bits of what the
+    shape rule picks (dash.ops.gqa_items; with kv_group_min_share 2, KV-group items at batch 4
+    and per-head items at batch 1, a fair share of 1.0 of the longest item), not the other's."""
+    from dash.ops import gqa_items
+    from dash.schedules import Problem
+
+    for batch in (4, 1):
+        problem = Problem(batch, 32, 4096, 4096, head_dim=128, heads_kv=8, causal=True)
+        monkeypatch.delenv("DASH_GQA_ITEMS", raising=False)
+        want = gqa_items(problem, "descending")
+        seed = _seed("kv-group-rule", batch)
+        q, k, v, dout = _inputs(batch, 4096, 4096, 32, 8, 128, seed)
+        out = torch.randn_like(q)
+        lse = torch.randn(batch, 32, 4096, device="cuda", dtype=torch.float32).abs() + 5
+        default = attention_backward(dout, q, k, v, out, lse, causal=True, deterministic=True)
+        monkeypatch.setenv("DASH_GQA_ITEMS", want)
+        forced = attention_backward(dout, q, k, v, out, lse, causal=True, deterministic=True)
+        other = "per_head" if want == "kv_group" else "kv_group"
+        monkeypatch.setenv("DASH_GQA_ITEMS", other)
+        alt = attention_backward(dout, q, k, v, out, lse, causal=True, deterministic=True)
+        label = f"32/8 causal 4k b{batch} {_tag(seed)}"
+        assert all(torch.equal(a, b) for a, b in zip(default, forced)), f"{label}: the default is not {want}"
+        assert not torch.equal(default[1], alt[1]), f"{label}: {want} and {other} gave the same dK bits"
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("det", [True, False])
+def test_kv_group_trace_order_equals_the_model_and_runs_each_group_together(monkeypatch, causal, det):
+    """Traced KV-group items: every (column, Q tile) step once, visits and turns the model's,
+    adds in the model's order; and each CTA runs the G query heads of a column one after
+    another, in head order (the packing happened in the kernel)."""
+    from dash.trace import trace_backward
+
+    monkeypatch.setenv("DASH_GQA_ITEMS", "kv_group")
+    heads, heads_k = 8, 2
+    group = heads // heads_k
+    seed = _seed("kv-group-trace", causal, det)
+    q, k, v, dout = _inputs(2, 1000, 777, heads, heads_k, 64, seed)
+    out, lse = _forward(q, k, v, causal)
+    for schedule in PORTABLE_KERNEL_SCHEDULES:
+        for margin in (0, _sms() - 5):
+            *_, tr = trace_backward(dout, q, k, v, out, lse, causal=causal, deterministic=det, schedule=schedule,
+                                    sm_margin=margin)
+            label = f"KV-group trace {schedule} causal={causal} det={det} margin={margin} {_tag(seed)}"
+            problems = tr.check_against_model()
+            assert not problems, f"{label}: {problems}"
+            r = tr.records
+            for x in np.unique(r["cta"]):
+                # The CTA's columns in the order its MMA warpgroups ran them: by the time the first
+                # step's dQ partial was ready (the MMA runs steps strictly in order; head breaks a
+                # tie of the coarse clock).
+                first_ready = {}
+                for i in np.flatnonzero(r["cta"] == x):
+                    c = (int(r["b"][i]), int(r["h"][i]), int(r["n"][i]))
+                    first_ready[c] = min(first_ready.get(c, 1 << 62), int(r["t_ready"][i]))
+                cols = sorted(first_ready, key=lambda c: (first_ready[c], c[1]))
+                assert len(cols) % group == 0, f"{label}: CTA {x} ran {len(cols)} columns"
+                for i in range(0, len(cols), group):
+                    b, h0, n = cols[i]
+                    assert h0 % group == 0 and cols[i:i + group] == [(b, h0 + j, n) for j in range(group)], (
+                        f"{label}: CTA {x} ran {cols[i:i + group]}, not one KV group's column in head order")
+
+
+def test_kv_group_items_write_every_output_element(monkeypatch):
+    """NaN-poisoned outputs (DASH_POISON_OUTPUTS) are all overwritten, including the dK/dV
+    rows of columns that see no query (causal, seqlen_q < seqlen_k) and ragged tails."""
+    monkeypatch.setenv("DASH_GQA_ITEMS", "kv_group")
+    monkeypatch.setenv("DASH_POISON_OUTPUTS", "1")
+    for sq, sk, causal in ((333, 1000, True), (1000, 333, True), (129, 257, False)):
+        seed = _seed("kv-group-poison", sq, sk, causal)
+        q, k, v, dout = _inputs(2, sq, sk, 6, 2, 128, seed)
+        out, lse = _forward(q, k, v, causal)
+        for det in (True, False):
+            grads = attention_backward(dout, q, k, v, out, lse, causal=causal, deterministic=det)
+            for name, g in zip(("dq", "dk", "dv"), grads):
+                assert not torch.isnan(g).any(), f"KV-group {sq}/{sk} causal={causal} det={det}: {name} has NaN"
+            _check(q, k, v, dout, out, lse, causal, grads, f"KV-group poison {sq}/{sk} causal={causal} {_tag(seed)}")
+
+
+def test_kv_group_items_no_deadlock_on_small_grids():
+    """Forced KV-group items on 1-64 CTAs, awkward shapes, every claimed schedule: finishes."""
+    cases = []
+    for sched in PORTABLE_KERNEL_SCHEDULES:
+        for causal in (False, True):
+            for ctas in (1, 2, 3, 7, 64):
+                for sq, sk, b, h, hk, d in ((1, 1, 1, 2, 1, 64), (129, 257, 1, 4, 1, 128), (1000, 333, 2, 6, 2, 64),
+                                            (333, 1000, 2, 6, 3, 128), (2048, 2048, 1, 8, 2, 64)):
+                    cases.append((sq, sk, b, h, hk, d, causal, sched, ctas))
+    env = dict(os.environ, DASH_GQA_ITEMS="kv_group")
+    proc = subprocess.run([sys.executable, "-c", _DEADLOCK_SCRIPT, json.dumps(cases)], capture_output=True,
+                          text=True, timeout=240, env=env)
+    assert proc.returncode == 0 and "ALL DONE" in proc.stdout, proc.stderr[-3000:]

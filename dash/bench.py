@@ -511,6 +511,9 @@ def paired_ratios(rows: list[Row]) -> dict[str, dict[str, float]]:
         "dash det(auto) / faster of FA3 det, FA4 det": pair("dash_auto_det", ("fa3_det", "fa4_det")),
         "user path det(auto) / faster of FA3 det, FA4 det": pair("user_dash_auto_det", ("fa3_det", "fa4_det")),
         "dash non-det / faster of FA3, FA4 non-det": pair("dash_nondet", ("fa3_nondet", "fa4_nondet")),
+        # GQA rows with the opt-in GQA_ITEMS_MODES: KV-group items against per-head ones.
+        "dash det(auto) KV-group / per-head items": pair("dash_auto_det_kv_group", ("dash_auto_det_per_head",)),
+        "dash non-det KV-group / per-head items": pair("dash_nondet_kv_group", ("dash_nondet_per_head",)),
     }
     return {k: v for k, v in out.items() if v is not None}
 

@@ -428,3 +428,18 @@ def test_gqa_items_modes_force_the_binding_override_per_call_and_restore_it(monk
     monkeypatch.setenv("DASH_GQA_ITEMS", "sometimes")
     with pytest.raises(ValueError, match="DASH_GQA_ITEMS='sometimes'"):
         items()
+
+
+def test_paired_ratios_compare_kv_group_with_per_head_items():
+    """The GQA A/B's ratio (time of per-head items / time of KV-group items, > 1: KV-group
+    faster) over the rows that ran both, deterministic and not."""
+    from dash import bench
+
+    a, b = (bench.Row(sh) for sh in bench.GQA_SHAPES[:2])
+    a.ms = {"dash_auto_det_kv_group": 1.0, "dash_auto_det_per_head": 1.2, "dash_nondet_kv_group": 2.0,
+            "dash_nondet_per_head": 1.0}
+    b.ms = {"dash_auto_det_kv_group": 2.0, "dash_auto_det_per_head": 1.8}
+    r = bench.paired_ratios([a, b])
+    det = r["dash det(auto) KV-group / per-head items"]
+    assert det["rows"] == 2 and det["worst"] == pytest.approx(0.9) and det["geomean"] == pytest.approx((1.2 * 0.9) ** 0.5)
+    assert r["dash non-det KV-group / per-head items"] == {"geomean": pytest.approx(0.5), "worst": 0.5, "rows": 1}

@@ -44,14 +44,21 @@ BwdWorkspaceSizes bwd_workspace_sizes_for(BwdParams const& p) {
   return w;
 }
 
+// The problem's tiles with the config's tile sizes and mask.
 template <class Cfg>
-int64_t bwd_trace_steps_for(BwdParams const& p) {
+TileGeometry tile_geometry_for(BwdParams const& p) {
   TileGeometry geo;
   geo.seqlen_q = p.seqlen_q;
   geo.seqlen_k = p.seqlen_k;
   geo.block_m = Cfg::kBlockM;
   geo.block_n = Cfg::kBlockN;
   geo.causal = Cfg::Is_causal;
+  return geo;
+}
+
+template <class Cfg>
+int64_t bwd_trace_steps_for(BwdParams const& p) {
+  TileGeometry const geo = tile_geometry_for<Cfg>(p);
   int64_t steps = 0;
   for (int n = 0; n < geo.num_n_blocks(); ++n) { steps += max_int(geo.m_end(n) - geo.m_begin(n), 0); }
   return steps * p.num_heads * p.batch;
@@ -176,13 +183,7 @@ bool bwd_kv_group_items(BwdParams const& p) {
   }
   return with_tile_config(p, [&](auto cfg) {
     using Cfg = decltype(cfg);
-    TileGeometry geo;
-    geo.seqlen_q = p.seqlen_q;
-    geo.seqlen_k = p.seqlen_k;
-    geo.block_m = Cfg::kBlockM;
-    geo.block_n = Cfg::kBlockN;
-    geo.causal = Cfg::Is_causal;
-    return kv_group_items_for(geo, p.num_heads, p.num_heads_k, p.batch, Cfg::kKvGroupMinShare);
+    return kv_group_items_for(tile_geometry_for<Cfg>(p), p.num_heads, p.num_heads_k, p.batch, Cfg::kKvGroupMinShare);
   });
 }
 

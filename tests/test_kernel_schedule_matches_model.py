@@ -41,14 +41,19 @@ def _ptr(a):
     return a.ctypes.data_as(ctypes.POINTER(ctypes.c_int))
 
 
-def _kernel(probe, name, p: Problem, ctas: int, det: bool = True):
+def _outputs(p: Problem, item_heads: int):
+    """The probe's output arrays for a problem of ``item_heads`` head slots per batch entry:
+    items K, Q tiles M, then columns (3K), steps (K), visits and turns (K*M)."""
     bm, bn = p.tile_shape
     N, M = -(-p.seqlen_k // bn), -(-p.seqlen_q // bm)
-    K = N * p.heads_q * p.batch
-    cols = np.zeros(3 * K, dtype=np.int32)
-    steps = np.zeros(K, dtype=np.int32)
-    visit = np.zeros(K * M, dtype=np.int32)
-    turns = np.zeros(K * M, dtype=np.int32)
+    K = N * item_heads * p.batch
+    return (K, M, np.zeros(3 * K, dtype=np.int32), np.zeros(K, dtype=np.int32), np.zeros(K * M, dtype=np.int32),
+            np.zeros(K * M, dtype=np.int32))
+
+
+def _kernel(probe, name, p: Problem, ctas: int, det: bool = True):
+    bm, bn = p.tile_shape
+    K, M, cols, steps, visit, turns = _outputs(p, p.heads_q)
     stride = -(-K // ctas)
     items = np.full(ctas * stride, -1, dtype=np.int32)
     count = probe.dash_schedule_probe(KERNEL_KINDS[name], p.seqlen_q, p.seqlen_k, bm, bn, int(p.causal), p.head_dim,
@@ -158,12 +163,7 @@ def test_l2_sections_equal_the_model(probe, sq, hdim, bh, full_mask_q_tiles, hea
 
 def _kv_group_kernel(probe, name, p: Problem, det: bool = True):
     bm, bn = p.tile_shape
-    N, M = -(-p.seqlen_k // bn), -(-p.seqlen_q // bm)
-    K = N * p.heads_kv * p.batch
-    cols = np.zeros(3 * K, dtype=np.int32)
-    steps = np.zeros(K, dtype=np.int32)
-    visit = np.zeros(K * M, dtype=np.int32)
-    turns = np.zeros(K * M, dtype=np.int32)
+    K, M, cols, steps, visit, turns = _outputs(p, p.heads_kv)
     count = probe.dash_kv_group_probe(KERNEL_KINDS[name], p.seqlen_q, p.seqlen_k, bm, bn, int(p.causal), p.head_dim,
                                       p.heads_q, p.heads_kv, p.batch, int(det), _ptr(cols), _ptr(steps), _ptr(visit),
                                       _ptr(turns))

@@ -29,13 +29,7 @@ void bwd_set_workspace(BwdParams& params, void* workspace);
 // kBlockN of the backward's tiles: columns of a head = ceil(seqlen_k / kBlockN).
 int bwd_block_n(BwdParams const& params);
 
-// GQA: whether the config's shape rule (schedule/schedule.h, kv_group_items_for) runs the
-// problem as KV-group items (set BwdParams::kv_group_items to use them). False without GQA,
-// for varlen batches and for schedule 'shift', which have per-head items only. A function of
-// the shape, schedule kind and mask: the same answer on every GPU.
-bool bwd_kv_group_items(BwdParams const& params);
-
-// GQA without KV-group items: true if the kernel sums each group's dK/dV in ordered chains and writes dk/dv
+// GQA: true if the kernel sums each group's dK/dV in ordered chains and writes dk/dv
 // (deterministic, or groups of at most the config's kNondetdKVChainsMaxGroup query heads);
 // false if the heads add into a zeroed dk_accum / dv_accum that the caller casts.
 bool bwd_dkv_ordered(BwdParams const& params);

@@ -44,21 +44,14 @@ BwdWorkspaceSizes bwd_workspace_sizes_for(BwdParams const& p) {
   return w;
 }
 
-// The problem's tiles with the config's tile sizes and mask.
 template <class Cfg>
-TileGeometry tile_geometry_for(BwdParams const& p) {
+int64_t bwd_trace_steps_for(BwdParams const& p) {
   TileGeometry geo;
   geo.seqlen_q = p.seqlen_q;
   geo.seqlen_k = p.seqlen_k;
   geo.block_m = Cfg::kBlockM;
   geo.block_n = Cfg::kBlockN;
   geo.causal = Cfg::Is_causal;
-  return geo;
-}
-
-template <class Cfg>
-int64_t bwd_trace_steps_for(BwdParams const& p) {
-  TileGeometry const geo = tile_geometry_for<Cfg>(p);
   int64_t steps = 0;
   for (int n = 0; n < geo.num_n_blocks(); ++n) { steps += max_int(geo.m_end(n) - geo.m_begin(n), 0); }
   return steps * p.num_heads * p.batch;
@@ -173,17 +166,6 @@ int bwd_dkv_chains(BwdParams const& p) {
   return with_tile_config(p, [&](auto cfg) {
     using Cfg = decltype(cfg);
     return dkv_chains_for(Cfg::kdKVChains, Cfg::kNondetdKVChainsMaxGroup, p);
-  });
-}
-
-bool bwd_kv_group_items(BwdParams const& p) {
-  if (p.cu_seqlens_q != nullptr || p.schedule == BwdScheduleKind::kShift || p.num_heads_k < 1 ||
-      p.num_heads <= p.num_heads_k) {
-    return false;
-  }
-  return with_tile_config(p, [&](auto cfg) {
-    using Cfg = decltype(cfg);
-    return kv_group_items_for(tile_geometry_for<Cfg>(p), p.num_heads, p.num_heads_k, p.batch, Cfg::kKvGroupMinShare);
   });
 }
 

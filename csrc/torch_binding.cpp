@@ -141,21 +141,6 @@ bool poison_requested() {
   return poison != nullptr && poison[0] == '1';
 }
 
-// Diagnosis and test hook: DASH_GQA_ITEMS=kv_group | per_head overrides the shape rule that
-// decides whether a GQA backward runs KV-group items (csrc/schedule/schedule.h,
-// kv_group_items_for): kv_group wherever they are possible (GQA on a padded batch with a
-// claimed schedule), per_head never. Unset (or `auto`): the rule. Read per call, like the
-// poison hook. The two give different dK/dV bits (each deterministic and the same on every GPU).
-bool kv_group_items_for_call(char const* op, dash::BwdParams const& p, bool varlen) {
-  bool const possible = !varlen && p.num_heads != p.num_heads_k && p.schedule != dash::BwdScheduleKind::kShift;
-  char const* env = std::getenv("DASH_GQA_ITEMS");
-  std::string const mode = env != nullptr ? env : "";
-  if (mode.empty() || mode == "auto") { return possible && dash::bwd_kv_group_items(p); }
-  TORCH_CHECK(mode == "kv_group" || mode == "per_head", op, ": DASH_GQA_ITEMS=", mode,
-              " is not supported (kv_group, per_head or auto)");
-  return possible && mode == "kv_group";
-}
-
 void poison_outputs_if_requested(std::initializer_list<Tensor*> outputs) {
   if (!poison_requested()) { return; }
   for (Tensor* t : outputs) {
@@ -349,11 +334,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> run_backward(Tensor const& dout_in, T
   p.dk_strides = bshd_strides(as_bshd(dk));
   p.dv_strides = bshd_strides(as_bshd(dv));
   Tensor dk_accum, dv_accum, dkv_semaphore;
-  // KV-group items write dk/dv themselves from registers: no accumulators (schedule.h).
-  p.kv_group_items = gqa && kv_group_items_for_call(op, p, varlen != nullptr);
-  bool const gqa_accum = gqa && !p.kv_group_items;
-  bool const dkv_ordered = gqa_accum && dash::bwd_dkv_ordered(p);
-  if (gqa_accum) {
+  bool const dkv_ordered = gqa && dash::bwd_dkv_ordered(p);
+  if (gqa) {
     // The query heads of a KV group sum their dK/dV in fp32 in the kernel (csrc/kernels/
     // bwd_epilogue.h, store_dkv). Ordered (deterministic, or a small group): in chains that the
     // group's last query head sums into dk/dv (any contents: each chain's first add stores).
@@ -404,7 +386,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> run_backward(Tensor const& dout_in, T
   poison_outputs_if_requested({&dq, &dk, &dv});
   poison_dq_accum_if_requested(p);
   call_library([&] { dash::run_bwd(p, at::cuda::getCurrentCUDAStream()); });
-  if (gqa_accum && !dkv_ordered) {  // the kernel left the sums in the accumulators
+  if (gqa && !dkv_ordered) {  // the kernel left the sums in the accumulators
     dk.copy_(dk_accum.view(k.sizes()));
     dv.copy_(dv_accum.view(v.sizes()));
   }

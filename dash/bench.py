@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
-import os
 import platform
 import statistics
 import subprocess
@@ -253,31 +252,13 @@ def cuda_time_ms_interleaved(fns: dict[str, Callable[[dict], object]], sets: lis
     return {name: statistics.median(t) for name, t in times.items() if t}
 
 
-def _dash_backward(deterministic: bool, schedule: str = "fa3", gqa_items: Optional[str] = None
-                   ) -> Callable[[dict], tuple]:
-    """DASH's backward kernels alone (``attention_backward`` on a precomputed out/lse).
-    ``gqa_items``: run under ``DASH_GQA_ITEMS`` = that (``kv_group`` / ``per_head``, the binding's
-    override of the KV-group rule, dash.ops.gqa_items), restored after each call, so that one
-    run can time both ways of a GQA row in interleaved rounds."""
+def _dash_backward(deterministic: bool, schedule: str = "fa3") -> Callable[[dict], tuple]:
+    """DASH's backward kernels alone (``attention_backward`` on a precomputed out/lse)."""
     from dash.api import attention_backward
 
-    def call(s: dict):
+    def run(s: dict):
         return attention_backward(s["dout"], s["q"], s["k"], s["v"], s["out"], s["lse"], softmax_scale=s["scale"],
                                   causal=s["causal"], deterministic=deterministic, schedule=schedule)
-
-    if gqa_items is None:
-        return call
-
-    def run(s: dict):
-        before = os.environ.get("DASH_GQA_ITEMS")
-        os.environ["DASH_GQA_ITEMS"] = gqa_items
-        try:
-            return call(s)
-        finally:
-            if before is None:
-                del os.environ["DASH_GQA_ITEMS"]
-            else:
-                os.environ["DASH_GQA_ITEMS"] = before
 
     return run
 
@@ -365,12 +346,6 @@ KERNEL_SCHEDULE_MODES = KERNEL_SCHEDULES
 #: DASH's kernel schedules measured one by one without determinism (fa3's order is the default
 #: column ``dash_nondet_fa3``), for choosing non-deterministic auto's rule; opt-in.
 NONDET_SCHEDULE_MODES: dict[str, str] = {f"dash_nondet_{s}": s for s in KERNEL_SCHEDULE_MODES if s != "fa3"}
-#: Opt-in: DASH's kernels with the GQA rows' query heads forced into KV-group or per-head items
-#: (DASH_GQA_ITEMS), schedule auto; ``dash_auto_det`` / ``dash_nondet`` run the shape rule's pick.
-GQA_ITEMS_MODES: dict[str, tuple[bool, str]] = {
-    "dash_auto_det_kv_group": (True, "kv_group"), "dash_auto_det_per_head": (True, "per_head"),
-    "dash_nondet_kv_group": (False, "kv_group"), "dash_nondet_per_head": (False, "per_head"),
-}
 
 
 def available_modes() -> dict[str, Callable[[dict], tuple]]:
@@ -390,8 +365,6 @@ def available_modes() -> dict[str, Callable[[dict], tuple]]:
         modes[f"dash_{sched}_det"] = _dash_backward(True, sched)
     for name, sched in NONDET_SCHEDULE_MODES.items():  # opt-in (OPT_IN_MODES)
         modes[name] = _dash_backward(False, sched)
-    for name, (det, items) in GQA_ITEMS_MODES.items():  # opt-in (OPT_IN_MODES)
-        modes[name] = _dash_backward(det, "auto", items)
     modes["user_dash_auto_det"] = _dash_user_path(True, "auto")
     modes["user_dash_nondet"] = _dash_user_path(False, "auto")
     modes["torch_cudnn"] = _torch_sdpa_backward(SDPBackend.CUDNN_ATTENTION)
@@ -402,7 +375,7 @@ def available_modes() -> dict[str, Callable[[dict], tuple]]:
 
 
 #: Modes that run only when named (``run_rows(modes=...)``, ``bench_bwd.py --modes``).
-OPT_IN_MODES: frozenset[str] = frozenset(NONDET_SCHEDULE_MODES) | frozenset(GQA_ITEMS_MODES)
+OPT_IN_MODES: frozenset[str] = frozenset(NONDET_SCHEDULE_MODES)
 
 
 def default_modes(all_modes: Optional[dict] = None) -> list[str]:
@@ -511,9 +484,6 @@ def paired_ratios(rows: list[Row]) -> dict[str, dict[str, float]]:
         "dash det(auto) / faster of FA3 det, FA4 det": pair("dash_auto_det", ("fa3_det", "fa4_det")),
         "user path det(auto) / faster of FA3 det, FA4 det": pair("user_dash_auto_det", ("fa3_det", "fa4_det")),
         "dash non-det / faster of FA3, FA4 non-det": pair("dash_nondet", ("fa3_nondet", "fa4_nondet")),
-        # GQA rows with the opt-in GQA_ITEMS_MODES: KV-group items against per-head ones.
-        "dash det(auto) KV-group / per-head items": pair("dash_auto_det_kv_group", ("dash_auto_det_per_head",)),
-        "dash non-det KV-group / per-head items": pair("dash_nondet_kv_group", ("dash_nondet_per_head",)),
     }
     return {k: v for k, v in out.items() if v is not None}
 
@@ -596,25 +566,9 @@ def environment() -> dict:
         **code_identity(),
         "build": manifest(),
         "round_orders": ROUND_ORDERS,
-        # GQA rows: the DASH_GQA_ITEMS override the run had (None: the shape rule, dash.ops.gqa_items).
-        "dash_gqa_items": os.environ.get("DASH_GQA_ITEMS"),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "host": platform.node(),
     }
-
-
-def _row_gqa_items(shape: Shape) -> str:
-    """How DASH's backward ran the row's query heads (``dash.ops.gqa_items`` for the schedule
-    ``auto`` picks; "" without GQA)."""
-    from dash.ops import gqa_items
-    from dash.schedules import Problem
-
-    hk = shape.heads_kv or shape.heads
-    if hk == shape.heads:
-        return ""
-    problem = Problem(shape.batch, shape.heads, shape.seqlen, shape.seqlen, head_dim=shape.head_dim, heads_kv=hk,
-                      causal=shape.causal)
-    return gqa_items(problem, "descending")  # any claimed schedule: the rule is the shape's
 
 
 def rows_payload(rows: list[Row]) -> list[dict]:
@@ -623,7 +577,6 @@ def rows_payload(rows: list[Row]) -> list[dict]:
         {
             "shape": dataclasses.asdict(r.shape),
             "bwd_flops": r.shape.bwd_flops(),
-            "gqa_items": _row_gqa_items(r.shape),
             "ms": r.ms,
             "tflops": {m: r.tflops(m) for m in r.ms},
             "bitwise_repeatable": r.bitwise,

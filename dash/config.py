@@ -94,17 +94,6 @@ class BwdTileConfig:
     # non-deterministic kernel alone: G = 2 +4.9 to +13.1 %, G = 4 -1.9 to +5.3 % (causal 4k
     # +5 %, 8k-16k -2 to +1 %), G = 6 and 8 -4 to -24 % (the group's heads queue on the chains).
     nondet_dkv_chains_max_group: int = 4
-    # GQA: when the G query heads of a KV head run as one work item (KV-group items,
-    # csrc/schedule/schedule.h: K/V loaded once, dK/dV summed in registers and stored once, no
-    # fp32 accumulators or chains) instead of one item per query head. An item is then G times
-    # as long, so the grid's tail can be: KV-group items are used when a 132-CTA grid's fair
-    # share of all steps is at least this many of the longest item (G times the longest
-    # column's steps). A function of the shape alone (132 is the reference grid, not the
-    # launched one), so the bits do not depend on the GPU (dash.schedules.orders.kv_group_items).
-    # 0: never (per-head items everywhere; DASH_GQA_ITEMS=kv_group still forces them). 0 in the
-    # table until the A/B on a GPU (docs/kernel-notes.md, forty-first pass); the rule is meant
-    # to run with 2.
-    kv_group_min_share: int = 0
     note: str = ""
 
     def __post_init__(self) -> None:
@@ -128,8 +117,6 @@ class BwdTileConfig:
             raise ValueError(f"dq_chains={self.dq_chains} must be 1, 2 or 4")
         if not 1 <= self.dkv_chains <= 8:
             raise ValueError(f"dkv_chains={self.dkv_chains} must be 1 ... 8")
-        if self.kv_group_min_share < 0:
-            raise ValueError(f"kv_group_min_share={self.kv_group_min_share} must be >= 0 (0: never)")
         if self.nondet_dkv_chains_max_group < 1:
             raise ValueError(f"nondet_dkv_chains_max_group={self.nondet_dkv_chains_max_group} must be >= 1 "
                              "(1: never, no GQA group is that small)")
@@ -421,7 +408,6 @@ def render_cpp_header() -> str:
             f"  static constexpr int kdQChains = {cfg.dq_chains};",
             f"  static constexpr int kdKVChains = {cfg.dkv_chains};",
             f"  static constexpr int kNondetdKVChainsMaxGroup = {cfg.nondet_dkv_chains_max_group};",
-            f"  static constexpr int kKvGroupMinShare = {cfg.kv_group_min_share};",
             f"  static constexpr int kExp2FmaEvery = {cfg.exp2_fma_every};",
             f"  static constexpr bool kLseEarlyNondet = {'true' if cfg.lse_early_nondet else 'false'};",
             f"  static constexpr bool kLseEarlyDet = {'true' if cfg.lse_early_det else 'false'};",

@@ -120,33 +120,6 @@ def grid_ctas(device: int | torch.device | None, sm_margin: int) -> int:
     return max(1, sms - int(sm_margin))
 
 
-#: Values of the DASH_GQA_ITEMS diagnosis hook (read by the binding, csrc/torch_binding.cpp).
-GQA_ITEMS_MODES = ("auto", "kv_group", "per_head")
-
-
-def gqa_items(problem, schedule: str) -> str:
-    """How the kernel runs a GQA backward's query heads: ``"kv_group"`` (one work item per KV
-    head's column, all the group's heads in it: csrc/schedule/schedule.h), ``"per_head"`` (one
-    item per query head's column, dK/dV summed through fp32 accumulators) or ``""`` without
-    GQA. The binding's decision, mirrored: the shape rule (``dash.schedules.orders.
-    kv_group_items``) unless the environment variable ``DASH_GQA_ITEMS`` forces ``kv_group``
-    (wherever possible) or ``per_head``. Varlen batches and schedule ``shift`` run per-head items.
-    ``schedule`` is a kernel schedule (after resolving ``auto``)."""
-    import os
-
-    from dash.schedules.orders import kv_group_items
-
-    if problem.heads_q == problem.heads_kv:
-        return ""
-    possible = problem.seqlens_q is None and problem.seqlens_k is None and schedule != "shift"
-    mode = os.environ.get("DASH_GQA_ITEMS") or "auto"
-    if mode not in GQA_ITEMS_MODES:
-        raise ValueError(f"DASH_GQA_ITEMS={mode!r} is not supported ({', '.join(GQA_ITEMS_MODES)})")
-    if mode == "auto":
-        return "kv_group" if possible and kv_group_items(problem) else "per_head"
-    return "kv_group" if possible and mode == "kv_group" else "per_head"
-
-
 def resolve_deterministic(deterministic: Optional[bool], needs_grad: bool,
                           globally: Optional[bool] = None) -> bool:
     """``deterministic=None`` follows ``torch.are_deterministic_algorithms_enabled()``. An

@@ -324,7 +324,7 @@ def trace_backward(dout, q, k, v, out, softmax_lse, *, softmax_scale: Optional[f
     import torch
 
     from dash import _ext
-    from dash.ops import gqa_items, grid_ctas, resolve_schedule
+    from dash.ops import grid_ctas, resolve_schedule
     from dash.schedules import Problem
     from dash.validation import check_bool, validate_backward_inputs
 
@@ -338,10 +338,8 @@ def trace_backward(dout, q, k, v, out, softmax_lse, *, softmax_scale: Optional[f
                                                float(scale), causal, deterministic, sched, sm_margin)
     batch, seqlen_q, heads, head_dim = q.shape
     problem = Problem(batch, heads, seqlen_q, k.shape[1], head_dim=head_dim, heads_kv=k.shape[2], causal=causal)
-    # Work items: columns, or with KV-group items one per KV head's column (ops.gqa_items).
-    item_heads = k.shape[2] if gqa_items(problem, sched) == "kv_group" else heads
-    items = -(-k.shape[1] // problem.tile_shape[1]) * item_heads * batch
-    ctas = min(grid_ctas(q.device, sm_margin), items)
+    columns = -(-k.shape[1] // problem.tile_shape[1]) * heads * batch
+    ctas = min(grid_ctas(q.device, sm_margin), columns)
     rec = decode_records(raw.cpu().numpy(), heads)
     return dq, dk, dv, TraceResult(problem, sched, deterministic, ctas, rec)
 

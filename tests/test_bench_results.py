@@ -312,9 +312,7 @@ def test_nondeterministic_per_schedule_modes_are_opt_in():
     from dash.config import KERNEL_SCHEDULES
 
     names = bench.available_modes()
-    per_schedule = {f"dash_nondet_{s}" for s in KERNEL_SCHEDULES if s != "fa3"}
-    gqa_items = {f"{m}_{i}" for m in ("dash_auto_det", "dash_nondet") for i in ("kv_group", "per_head")}
-    assert per_schedule | gqa_items == set(bench.OPT_IN_MODES) <= set(names)
+    assert {f"dash_nondet_{s}" for s in KERNEL_SCHEDULES if s != "fa3"} == set(bench.OPT_IN_MODES) <= set(names)
     default = bench.default_modes()
     assert not set(default) & bench.OPT_IN_MODES
     assert {"dash_nondet", "dash_nondet_fa3", "dash_auto_det", "torch_cudnn"} <= set(default)
@@ -389,57 +387,3 @@ def test_interleaved_timer_runs_each_mode_once_per_round_in_round_orders(monkeyp
     for i in range(iters):
         expected += [n for n in (names[j] for j in orders[i % len(orders)]) if n != "c" or i < 2]
     assert [timed[i] for i in range(0, len(timed), burst)] == expected
-
-
-def test_gqa_items_modes_force_the_binding_override_per_call_and_restore_it(monkeypatch):
-    """The opt-in KV-group / per-head modes set DASH_GQA_ITEMS for their own call only (the
-    binding reads it per call) and restore what was there; results rows say how the rule runs
-    each GQA row (dash.ops.gqa_items)."""
-    import os
-
-    from dash import api, bench
-
-    seen = []
-    monkeypatch.setattr(api, "attention_backward", lambda *a, **k: seen.append(os.environ.get("DASH_GQA_ITEMS")))
-    monkeypatch.setenv("DASH_GQA_ITEMS", "auto")
-    s = {n: None for n in ("dout", "q", "k", "v", "out", "lse", "scale", "causal")}
-    bench._dash_backward(True, "auto", "kv_group")(s)
-    bench._dash_backward(False, "auto", "per_head")(s)
-    assert seen == ["kv_group", "per_head"] and os.environ["DASH_GQA_ITEMS"] == "auto"
-    monkeypatch.delenv("DASH_GQA_ITEMS")
-    bench._dash_backward(True, "auto", "kv_group")(s)
-    assert "DASH_GQA_ITEMS" not in os.environ
-    from dash.schedules import Problem
-    from dash.schedules.orders import kv_group_items
-
-    def items():
-        return [r["gqa_items"] for r in bench.rows_payload([bench.Row(sh) for sh in bench.GQA_SHAPES])]
-
-    mha = [sh.heads_kv in (None, sh.heads) for sh in bench.GQA_SHAPES]
-    assert mha == [False, False, False, False, True, False, False]
-    rule = ["" if m else "kv_group" if kv_group_items(Problem(sh.batch, sh.heads, sh.seqlen, sh.seqlen,
-                                                                 head_dim=sh.head_dim, heads_kv=sh.heads_kv,
-                                                                 causal=sh.causal)) else "per_head"
-            for sh, m in zip(bench.GQA_SHAPES, mha)]
-    assert items() == rule
-    for forced in ("kv_group", "per_head"):
-        monkeypatch.setenv("DASH_GQA_ITEMS", forced)
-        assert items() == ["" if m else forced for m in mha]
-    monkeypatch.setenv("DASH_GQA_ITEMS", "sometimes")
-    with pytest.raises(ValueError, match="DASH_GQA_ITEMS='sometimes'"):
-        items()
-
-
-def test_paired_ratios_compare_kv_group_with_per_head_items():
-    """The GQA A/B's ratio (time of per-head items / time of KV-group items, > 1: KV-group
-    faster) over the rows that ran both, deterministic and not."""
-    from dash import bench
-
-    a, b = (bench.Row(sh) for sh in bench.GQA_SHAPES[:2])
-    a.ms = {"dash_auto_det_kv_group": 1.0, "dash_auto_det_per_head": 1.2, "dash_nondet_kv_group": 2.0,
-            "dash_nondet_per_head": 1.0}
-    b.ms = {"dash_auto_det_kv_group": 2.0, "dash_auto_det_per_head": 1.8}
-    r = bench.paired_ratios([a, b])
-    det = r["dash det(auto) KV-group / per-head items"]
-    assert det["rows"] == 2 and det["worst"] == pytest.approx(0.9) and det["geomean"] == pytest.approx((1.2 * 0.9) ** 0.5)
-    assert r["dash non-det KV-group / per-head items"] == {"geomean": pytest.approx(0.5), "worst": 0.5, "rows": 1}

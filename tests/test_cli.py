@@ -604,7 +604,6 @@ def test_render_cpp_header_has_every_config():
             "kdQChains": _cpp(cfg.dq_chains),
             "kdKVChains": _cpp(cfg.dkv_chains),
             "kNondetdKVChainsMaxGroup": _cpp(cfg.nondet_dkv_chains_max_group),
-            "kKvGroupMinShare": _cpp(cfg.kv_group_min_share),
             "kExp2FmaEvery": _cpp(cfg.exp2_fma_every),
             "kLseEarlyNondet": _cpp(cfg.lse_early_nondet),
             "kLseEarlyDet": _cpp(cfg.lse_early_det),

@@ -93,28 +93,3 @@ def test_host_sizing_follows_the_config_table(tmp_path):
                 steps = tile_problem(Problem(1, 1, sq, sk, head_dim=d, causal=causal)).total_steps
                 assert probe.probe_trace_steps(d, int(causal), sq, sk) == steps
     assert probe.probe_block_n(96, 0) == -1 and probe.probe_trace_steps(256, 1, 128, 128) == -1
-
-
-def test_kv_group_items_follow_the_rule_with_the_config_tiles(tmp_path):
-    """bwd_kv_group_items (what the binding asks before a GQA backward) is the shape rule's twin
-    with the tile and kv_group_min_share of the head dim and mask, and says no for varlen
-    batches, schedule shift (kind 3) and MHA."""
-    from dash.schedules import Problem
-    from dash.schedules.orders import kv_group_items
-
-    probe = _build_probe(tmp_path, config.SUPPORTED_HEAD_DIMS, config.SUPPORTED_DTYPES)
-    seen = set()
-    for d in config.SUPPORTED_HEAD_DIMS:
-        for causal in (False, True):
-            for sq, sk, heads, hk, b in ((8192, 8192, 32, 8, 2), (4096, 4096, 32, 8, 1), (4096, 4096, 32, 8, 4),
-                                          (8192, 8192, 8, 1, 2), (2000, 3000, 12, 4, 3), (16384, 16384, 32, 8, 1)):
-                want = kv_group_items(Problem(b, heads, sq, sk, head_dim=d, heads_kv=hk, causal=causal))
-                seen.add(want)
-                for kind in (0, 1, 2):
-                    assert probe.probe_kv_group_items(d, int(causal), sq, sk, heads, hk, b, kind, 0) == int(want)
-                assert probe.probe_kv_group_items(d, int(causal), sq, sk, heads, hk, b, 3, 0) == 0  # shift
-                assert probe.probe_kv_group_items(d, int(causal), sq, sk, heads, hk, b, 1, 1) == 0  # varlen
-            assert probe.probe_kv_group_items(d, int(causal), 8192, 8192, 16, 16, 2, 1, 0) == 0  # MHA
-    # Both answers occur where the table runs the rule (kv_group_min_share >= 1); 0 means never.
-    assert seen == ({True, False} if all(c.kv_group_min_share for c in config.BWD_TILE_CONFIGS) else {False})
-    assert probe.probe_kv_group_items(96, 1, 8192, 8192, 32, 8, 2, 1, 0) == -1

@@ -41,19 +41,14 @@ def _ptr(a):
     return a.ctypes.data_as(ctypes.POINTER(ctypes.c_int))
 
 
-def _outputs(p: Problem, item_heads: int):
-    """The probe's output arrays for a problem of ``item_heads`` head slots per batch entry:
-    items K, Q tiles M, then columns (3K), steps (K), visits and turns (K*M)."""
-    bm, bn = p.tile_shape
-    N, M = -(-p.seqlen_k // bn), -(-p.seqlen_q // bm)
-    K = N * item_heads * p.batch
-    return (K, M, np.zeros(3 * K, dtype=np.int32), np.zeros(K, dtype=np.int32), np.zeros(K * M, dtype=np.int32),
-            np.zeros(K * M, dtype=np.int32))
-
-
 def _kernel(probe, name, p: Problem, ctas: int, det: bool = True):
     bm, bn = p.tile_shape
-    K, M, cols, steps, visit, turns = _outputs(p, p.heads_q)
+    N, M = -(-p.seqlen_k // bn), -(-p.seqlen_q // bm)
+    K = N * p.heads_q * p.batch
+    cols = np.zeros(3 * K, dtype=np.int32)
+    steps = np.zeros(K, dtype=np.int32)
+    visit = np.zeros(K * M, dtype=np.int32)
+    turns = np.zeros(K * M, dtype=np.int32)
     stride = -(-K // ctas)
     items = np.full(ctas * stride, -1, dtype=np.int32)
     count = probe.dash_schedule_probe(KERNEL_KINDS[name], p.seqlen_q, p.seqlen_k, bm, bn, int(p.causal), p.head_dim,
@@ -155,94 +150,9 @@ def test_shift_kernel_schedule_equals_the_model_random_grids(probe, n, m_extra, 
 @pytest.mark.parametrize("sq, hdim, bh", [(512, 64, 1024), (2048, 64, 256), (8192, 128, 32), (16384, 128, 16),
                                           (1, 64, 1), (100000, 128, 3), (4096, 64, 5)])
 @pytest.mark.parametrize("full_mask_q_tiles", [0, 1, 4, 7, 13, 26, 264, 265, 1250])
-@pytest.mark.parametrize("heads_per_item", [1, 4, 6])
-def test_l2_sections_equal_the_model(probe, sq, hdim, bh, full_mask_q_tiles, heads_per_item):
-    assert probe.dash_l2_section_heads(sq, hdim, bh, full_mask_q_tiles, heads_per_item) == \
-        l2_section_heads(sq, hdim, bh, full_mask_q_tiles, heads_per_item)
-
-
-def _kv_group_kernel(probe, name, p: Problem, det: bool = True):
-    bm, bn = p.tile_shape
-    K, M, cols, steps, visit, turns = _outputs(p, p.heads_kv)
-    count = probe.dash_kv_group_probe(KERNEL_KINDS[name], p.seqlen_q, p.seqlen_k, bm, bn, int(p.causal), p.head_dim,
-                                      p.heads_q, p.heads_kv, p.batch, int(det), _ptr(cols), _ptr(steps), _ptr(visit),
-                                      _ptr(turns))
-    assert count == K, "the schedule did not pack the KV group into one item"
-    return cols.reshape(-1, 3), steps, visit.reshape(K, M), turns.reshape(K, M)
-
-
-@settings(max_examples=40, deadline=None)
-@given(sq=st.integers(1, 2500), sk=st.integers(1, 2500), causal=st.booleans(), hdim=st.sampled_from([64, 128]),
-       name=st.sampled_from(["fa3", "interleaved", "descending"]), heads_kv=st.integers(1, 4),
-       group=st.sampled_from([2, 3, 4, 8]), batch=st.integers(1, 3), det=st.booleans())
-def test_kv_group_items_walk_every_head_as_the_model_and_wait_only_on_earlier_items(probe, sq, sk, causal, hdim,
-                                                                                    name, heads_kv, group, batch,
-                                                                                    det):
-    """KV-group items (schedule.h, heads_per_item): item L is a (batch, KV head, column) in
-    the claim order the model gives an MHA problem of heads_kv heads with the G-head L2
-    section width; each of its G query heads walks the column with the per-head model's visits
-    and turns (so dQ gets the same adds in the same order); every (b, h, n) once; and every
-    deterministic wait points to an earlier item, so any grid >= 1 CTA finishes."""
-    gqa = Problem(batch, heads_kv * group, sq, sk, head_dim=hdim, heads_kv=heads_kv, causal=causal)
-    cols, steps, visit, turns = _kv_group_kernel(probe, name, gqa, det)
-    # Claim order: the MHA order over (batch, KV head) slots, sections of G-head items.
-    bm, _ = gqa.tile_shape
-    M = -(-sq // bm)
-    mha = Problem(batch, heads_kv, sq, sk, head_dim=hdim, causal=causal)
-    section = 1 if name == "fa3" else l2_section_heads(sq, hdim, batch * heads_kv, 0 if causal else M, group)
-    order = make_plan(mha, name, 5, section_heads=section).item_sequence() if det else None
-    if det:
-        assert np.array_equal(cols[:, 2], order[:, 0]) and np.array_equal(cols[:, 0], order[:, 2])
-        assert np.array_equal(cols[:, 1], order[:, 1] * group)
-    assert np.all(cols[:, 1] % group == 0)
-    seen = {(int(b), int(h) + j, int(n)) for n, h, b in cols for j in range(group)}
-    assert len(seen) == len(cols) * group
-    plan = make_plan(gqa, name, 5)
-    item_of = {}
-    for L, (n, h0, b) in enumerate(cols):
-        for j in range(group):
-            want = plan.visit(b, h0 + j, n) if det else None
-            if det:
-                assert steps[L] == len(want), (b, h0 + j, n)
-                assert list(visit[L, : steps[L]]) == list(want)
-                assert list(turns[L, : steps[L]]) == list(plan.turn[b, h0 + j, want, n])
-            for s_ in range(steps[L]):
-                item_of[(int(b), int(h0) + j, int(visit[L, s_]), int(turns[L, s_]))] = L
-    if det:
-        for (b, h, m, t), L in item_of.items():
-            if t > 0:
-                assert item_of[(b, h, m, t - 1)] < L, (name, b, h, m, t)
-
-
-@pytest.mark.parametrize("sq, sk, causal, hdim, heads, heads_kv, batch, want", [
-    (8192, 8192, True, 128, 32, 8, 2, True),    # 1024 items, share 3.9 of the longest
-    (4096, 4096, True, 128, 32, 8, 4, True),
-    (4096, 4096, True, 128, 32, 8, 1, False),   # share 1.0
-    (16384, 16384, True, 128, 32, 8, 1, True),
-    (8192, 8192, False, 128, 32, 8, 2, True),
-    (8192, 8192, True, 128, 8, 1, 2, False),    # MQA: 128 items of up to 1024 steps for 132 CTAs
-    (8192, 8192, True, 128, 6, 1, 2, False),
-    (8192, 8192, True, 128, 16, 16, 2, False),  # MHA
-])
-def test_kv_group_rule_picks(probe, sq, sk, causal, hdim, heads, heads_kv, batch, want):
-    """The rule with the share it is meant to run with (2), and 0 (never)."""
-    from dash.schedules.orders import kv_group_items
-
-    p = Problem(batch, heads, sq, sk, head_dim=hdim, heads_kv=heads_kv, causal=causal)
-    assert kv_group_items(p, 2) is want
-    assert kv_group_items(p, 0) is False
-
-
-@settings(max_examples=150, deadline=None)
-@given(sq=st.integers(1, 20000), sk=st.integers(1, 20000), causal=st.booleans(), hdim=st.sampled_from([64, 128]),
-       heads_kv=st.integers(1, 8), group=st.integers(1, 8), batch=st.integers(1, 8), min_share=st.integers(0, 4))
-def test_kv_group_rule_equals_its_python_twin(probe, sq, sk, causal, hdim, heads_kv, group, batch, min_share):
-    from dash.schedules.orders import kv_group_items
-
-    p = Problem(batch, heads_kv * group, sq, sk, head_dim=hdim, heads_kv=heads_kv, causal=causal)
-    bm, bn = p.tile_shape
-    got = probe.dash_kv_group_items_for(sq, sk, bm, bn, int(causal), heads_kv * group, heads_kv, batch, min_share)
-    assert bool(got) == kv_group_items(p, min_share)
+def test_l2_sections_equal_the_model(probe, sq, hdim, bh, full_mask_q_tiles):
+    assert probe.dash_l2_section_heads(sq, hdim, bh, full_mask_q_tiles) == \
+        l2_section_heads(sq, hdim, bh, full_mask_q_tiles)
 
 
 @pytest.mark.parametrize("q_tiles, want", [(4, 64), (7, 32), (8, 32), (13, 16), (26, 8), (132, 2), (264, 1), (1000, 1)])

@@ -226,9 +226,8 @@ struct BwdEpilogue {
     return idx;
   }
 
-  // Without GQA, and with KV-group items (whose fragments already hold the group's sums, in
-  // registers): dK, dV of the column as Element rows. Otherwise, with GQA, the G query heads of
-  // a KV group sum their dK, dV in fp32 (each query head j = h mod G contributes once per column):
+  // Without GQA: dK, dV of the column as Element rows. With GQA the G query heads of a KV
+  // group sum their dK, dV in fp32 (each query head j = h mod G contributes once per column):
   //
   // Unordered (non-deterministic groups of more than the config's kNondetdKVChainsMaxGroup
   // heads): every head adds into one zeroed accumulator (red.global.add.v2.f32), which the
@@ -278,11 +277,8 @@ struct BwdEpilogue {
     auto batch_offset = [&](BSHDStrides const& st) {
       return kVarlen ? int64_t(seq.row_k) * st.row : int64_t(col.b) * st.batch;
     };
-    // Without GQA the outputs take the fragments (dK times the softmax scale) as they are; so
-    // do KV-group items (schedule.h), whose fragments hold the group's sums: col is the group's
-    // last query head, the output is its KV head's.
-    int const heads_per_item = params.schedule.heads_per_item;
-    int out_head = heads_per_item > 1 ? col.h / heads_per_item : col.h;
+    // Without GQA the outputs take the fragments (dK times the softmax scale) as they are.
+    int out_head = col.h;
     float dk_scale = params.softmax_scale;
     if (params.dk_accum != nullptr) {
       int const group = params.heads_per_kv_head;

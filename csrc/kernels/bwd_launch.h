@@ -161,11 +161,7 @@ void run_bwd_impl(BwdParams const& p, cudaStream_t stream) {
     throw std::invalid_argument("DASH backward: no SM left for the persistent grid (num_ctas_max=" +
                                 std::to_string(p.num_ctas_max) + "); lower sm_margin");
   }
-  // Work items: columns, or with KV-group items one per KV head's column (checked below).
-  int const num_items =
-      p.kv_group_items && p.num_heads_k > 0 && p.num_heads_k < p.num_heads ? num_columns / (p.num_heads / p.num_heads_k)
-                                                                            : num_columns;
-  int const num_ctas = num_items < p.num_ctas_max ? num_items : p.num_ctas_max;
+  int const num_ctas = num_columns < p.num_ctas_max ? num_columns : p.num_ctas_max;
   bool const shift = p.schedule == BwdScheduleKind::kShift;
   if (shift && !kVarlen) {  // varlen refuses shift below
     if (Is_causal) {
@@ -185,16 +181,8 @@ void run_bwd_impl(BwdParams const& p, cudaStream_t stream) {
                                 " is not a multiple of heads_k=" + std::to_string(p.num_heads_k));
   }
   bool const gqa = p.num_heads != p.num_heads_k;
-  if (p.kv_group_items && (!gqa || kVarlen || shift || p.dk == nullptr || p.dv == nullptr)) {
-    throw std::invalid_argument(std::string("DASH backward: KV-group items are for GQA problems of the claimed "
-                                            "schedules (fa3, interleaved, descending), not varlen, and write dk "
-                                            "and dv; got ") +
-                                (!gqa ? "heads == heads_k" : kVarlen ? "a varlen batch" : shift ? "schedule 'shift'"
-                                                                                                  : "dk or dv null"));
-  }
-  bool const gqa_accum = gqa && !p.kv_group_items;  // the group's heads sum dK/dV through fp32 accumulators
-  if (gqa_accum && (p.dk_accum == nullptr || p.dv_accum == nullptr)) {
-    throw std::invalid_argument("DASH backward: GQA without KV-group items needs dk_accum and dv_accum");
+  if (gqa && (p.dk_accum == nullptr || p.dv_accum == nullptr)) {
+    throw std::invalid_argument("DASH backward: GQA needs dk_accum and dv_accum");
   }
   bool const dkv_ordered = dkv_ordered_for(Traits::kNondetdKVChainsMaxGroup, p);
   int const dkv_chains = dkv_chains_for(Traits::kdKVChains, Traits::kNondetdKVChainsMaxGroup, p);
@@ -266,8 +254,8 @@ void run_bwd_impl(BwdParams const& p, cudaStream_t stream) {
   pp.dv_strides = p.dv_strides;
   // Varlen NaN fill: under GQA the accumulator the caller casts, or (ordered) dk / dv, which
   // the group's last query head writes.
-  pp.dk_accum = gqa_accum && !dkv_ordered ? p.dk_accum : nullptr;
-  pp.dv_accum = gqa_accum && !dkv_ordered ? p.dv_accum : nullptr;
+  pp.dk_accum = gqa && !dkv_ordered ? p.dk_accum : nullptr;
+  pp.dv_accum = gqa && !dkv_ordered ? p.dv_accum : nullptr;
   pp.dkv_accum_strides = p.dkv_accum_strides;
   pp.num_heads_k = p.num_heads_k;
 
@@ -307,8 +295,8 @@ void run_bwd_impl(BwdParams const& p, cudaStream_t stream) {
     mp.dv = static_cast<Element*>(p.dv);
     mp.dk_strides = p.dk_strides;
     mp.dv_strides = p.dv_strides;
-    mp.dk_accum = gqa_accum ? p.dk_accum : nullptr;
-    mp.dv_accum = gqa_accum ? p.dv_accum : nullptr;
+    mp.dk_accum = gqa ? p.dk_accum : nullptr;
+    mp.dv_accum = gqa ? p.dv_accum : nullptr;
     mp.dkv_accum_strides = p.dkv_accum_strides;
     mp.dkv_chain_stride = p.dkv_chain_stride;
     mp.dkv_ordered = dkv_ordered;
@@ -350,12 +338,10 @@ void run_bwd_impl(BwdParams const& p, cudaStream_t stream) {
       // The waves are planned for the grid actually launched (the bits depend on it).
       launch(make_shift_schedule(kgeo, p.num_heads, p.batch, num_ctas));
     } else {
-      launch(make_claimed_schedule(p.schedule, kgeo, kHeadDim, p.num_heads, p.num_heads_k, p.batch, p.deterministic,
-                                   p.kv_group_items));
+      launch(make_claimed_schedule(p.schedule, kgeo, kHeadDim, p.num_heads, p.num_heads_k, p.batch, p.deterministic));
     }
   } else {
-    launch(make_claimed_schedule(p.schedule, kgeo, kHeadDim, p.num_heads, p.num_heads_k, p.batch, p.deterministic,
-                                 p.kv_group_items));
+    launch(make_claimed_schedule(p.schedule, kgeo, kHeadDim, p.num_heads, p.num_heads_k, p.batch, p.deterministic));
   }
 
   // ---- dQ convert ------------------------------------------------------------------------

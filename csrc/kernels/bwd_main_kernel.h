@@ -127,27 +127,22 @@ struct BwdMainKernel {
     } else {
       item = sched.item(blockIdx.x, 0);
     }
-    int published = 0;  // columns handed to the consumers so far: the work ring's index
     for (int k = 0;; ++k) {
       if (item >= num_columns) {
-        if constexpr (Schedule::kClaimed) { ss.work.publish(published, ScheduledColumn{item}); }
+        if constexpr (Schedule::kClaimed) { ss.work.publish(k, ScheduledColumn{item}); }
         break;
       }
-      ColumnCoord col = sched.column(item);
+      ColumnCoord const col = sched.column(item);
+      if constexpr (Schedule::kClaimed) {
+        ss.work.publish(k, ScheduledColumn{item, col.n, col.h, col.b});
+      }
+
       SeqPlace const seq = Epilogue::seq_of(params, col);
       auto&& csched = Epilogue::column_schedule(params, seq);
       int const num_steps = Epilogue::column_steps(csched, col);
-      // KV-group items (schedule.h, heads_per_item > 1): the column once per query head of the
-      // group, in head order, as consecutive columns of the ring; K and V load with the first.
-      int const first_head = col.h;
-      for (; col.h < first_head + sched.heads_per_item; ++col.h) {
-        if constexpr (Schedule::kClaimed) {
-          ss.work.publish(published++, ScheduledColumn{item, col.n, col.h, col.b});
-        }
-        if (num_steps > 0) {
-          load_column(params, ss, col, seq, csched, num_steps, col.h == first_head, stage, kv_phase, tQsQ, tdOsdO,
-                      tKsK, tVsV, mQ_all, mdO_all, mK_all, mV_all, tma_q, tma_do, tma_k, tma_v);
-        }
+      if (num_steps > 0) {
+        load_column(params, ss, col, seq, csched, num_steps, stage, kv_phase, tQsQ, tdOsdO, tKsK, tVsV, mQ_all,
+                    mdO_all, mK_all, mV_all, tma_q, tma_do, tma_k, tma_v);
       }
       if constexpr (Schedule::kClaimed) {
         // Items are claimed in increasing order (the deadlock-freedom argument in
@@ -164,14 +159,12 @@ struct BwdMainKernel {
   }
 
   // `seq`, `csched`: the column's sequence (varlen) and the schedule that walks it
-  // (Epilogue::column_schedule). `load_kv`: the column's K and V are not in shared memory yet
-  // (false for the second and later heads of a KV-group item).
+  // (Epilogue::column_schedule).
   template <class ColumnSchedule, class TQs, class TdOs, class TKs, class TVs, class MQ, class MdO, class MK,
             class MV, class TmaQ, class TmadO, class TmaK, class TmaV>
   static __device__ __forceinline__ void load_column(Params const& params, SharedStorage& ss, ColumnCoord col,
                                                      SeqPlace const& seq, ColumnSchedule const& csched,
-                                                     int num_steps, bool load_kv, StageState& stage,
-                                                     uint32_t& kv_phase,
+                                                     int num_steps, StageState& stage, uint32_t& kv_phase,
                                                      TQs& tQsQ, TdOs& tdOsdO, TKs& tKsK, TVs& tVsV, MQ const& mQ_all,
                                                      MdO const& mdO_all, MK const& mK_all, MV const& mV_all,
                                                      TmaQ const& tma_q, TmadO const& tma_do, TmaK const& tma_k,
@@ -216,7 +209,7 @@ struct BwdMainKernel {
            tQsQ(_, _, _, stage.index));
       ptx::bulk_copy_g2s(ss.smem_lse + stage.index * kBlockM, lse_bh + m * kBlockM, Traits::kBytesRowStats,
                          &ss.bar_q_full[stage.index]);
-      if (step == 0 && load_kv) {
+      if (step == 0) {
         // V, then K, are overwritten once every MMA thread finished its last read of the
         // previous column's (bar_v_empty after the last dP GEMM, bar_k_empty after the
         // last dQ GEMM); the first Q tile above is already in flight meanwhile.
@@ -305,10 +298,6 @@ struct BwdMainKernel {
     auto const& problem_geo = sched.geo;
     int const seqlen_q = problem_geo.seqlen_q, seqlen_k = problem_geo.seqlen_k;
 
-    // dK, dV of the current item: one column, or (KV-group items) the same column of every
-    // query head of a KV group, summed over the heads here in head order.
-    Tensor tdKrdK = partition_fragment_C(tiled_mma_dKV, Shape<Int<kBlockN>, Int<kHeadDim>>{});
-    Tensor tdVrdV = partition_fragment_C(tiled_mma_dKV, Shape<Int<kBlockN>, Int<kHeadDim>>{});
     for_each_scheduled_column(params.schedule, ss.work, [&](ColumnCoord const& col) {
       SeqPlace const seq = Epilogue::seq_of(params, col);
       auto&& csched = Epilogue::column_schedule(params, seq);
@@ -317,18 +306,11 @@ struct BwdMainKernel {
       // sequence's.
       auto const& geo = Traits::kVarlen ? csched.geo : problem_geo;
       int const num_steps = Epilogue::column_steps(csched, col);
-      // The column's place in its item (schedule.h): the first head waits for K and V and starts
-      // dK, dV from zero; the last releases K and V and stores dK, dV. One head: both. The steps
-      // that wait and release are held as numbers (-1: none), so that the step loop compares
-      // with them as it compared with 0 and num_steps - 1 before items had several heads.
-      int const head_in_item = sched.heads_per_item > 1 ? col.h % sched.heads_per_item : 0;
-      bool const last_head_of_item = head_in_item == sched.heads_per_item - 1;
-      int const kv_wait_step = head_in_item == 0 ? 0 : -1;
-      int const kv_release_step = last_head_of_item ? num_steps - 1 : -1;
-      if (head_in_item == 0) {
-        clear(tdKrdK);
-        clear(tdVrdV);
-      }
+
+      Tensor tdKrdK = partition_fragment_C(tiled_mma_dKV, Shape<Int<kBlockN>, Int<kHeadDim>>{});
+      Tensor tdVrdV = partition_fragment_C(tiled_mma_dKV, Shape<Int<kBlockN>, Int<kHeadDim>>{});
+      clear(tdKrdK);
+      clear(tdVrdV);
 
       for (int step = 0; step < num_steps; ++step) {
         int const m = csched.m_block(col, step);
@@ -350,10 +332,10 @@ struct BwdMainKernel {
           CUTLASS_PRAGMA_UNROLL
           for (int i = 0; i < kSValues; ++i) { lse_of[i] = sLSE[get<1>(tScS(i))]; }
         }
-        if (step == kv_wait_step) { ptx::mbar_wait(&ss.bar_k_full, kv_phase); }
+        if (step == 0) { ptx::mbar_wait(&ss.bar_k_full, kv_phase); }
         detail::wgmma_gemm<true, false>(tiled_mma_SdP, tSrK, tSrQ(_, _, _, stage.index), tSrS);
         ptx::mbar_wait(&ss.bar_do_full[stage.index], stage.phase);
-        if (step == kv_wait_step) {
+        if (step == 0) {
           ptx::mbar_wait(&ss.bar_v_full, kv_phase);
           kv_phase ^= 1;
         }
@@ -378,7 +360,7 @@ struct BwdMainKernel {
               fmaf(tSrS(i), params.softmax_scale_log2, -(kLseEarly ? lse_of[i] : sLSE[get<1>(tScS(i))])), i);
         }
         warpgroup_wait<0>();  // dP^T ready
-        if (step == kv_release_step) { ptx::mbar_arrive(&ss.bar_v_empty); }  // last read of this column's V
+        if (step == num_steps - 1) { ptx::mbar_arrive(&ss.bar_v_empty); }  // last read of this column's V
         // dS^T = P^T * (dP^T - D[query]).
         CUTLASS_PRAGMA_UNROLL
         for (int i = 0; i < size(tdPrdP); ++i) {
@@ -415,7 +397,7 @@ struct BwdMainKernel {
         Tensor tdKrdS = make_tensor(rdS.data(), detail::acc_layout_as_A_regs(tdPrdP.layout()));
         detail::wgmma_gemm<false, true>(tiled_mma_dKV, tdKrdS, tdKrQt(_, _, _, stage.index), tdKrdK);
         warpgroup_wait<1>();  // dQ GEMM done
-        if (step == kv_release_step) { ptx::mbar_arrive(&ss.bar_k_empty); }  // last read of this column's K
+        if (step == num_steps - 1) { ptx::mbar_arrive(&ss.bar_k_empty); }  // last read of this column's K
 
         // dQ partial -> this warpgroup's slice of staging buffer g % kStagesdQ, for the dQ
         // writer of this step's parity. The buffer is free once the writer of step
@@ -440,7 +422,7 @@ struct BwdMainKernel {
 
       // Epilogue: dK (scaled; dS omitted the softmax scale) and dV straight from registers.
       // Rows past seqlen_k are not stored. A column with no Q tiles stores zeros.
-      if (last_head_of_item) { Epilogue::store_dkv(params, col, seq, tdKrdK, tdVrdV, mma_tidx); }
+      Epilogue::store_dkv(params, col, seq, tdKrdK, tdVrdV, mma_tidx);
     });
   }
 };

@@ -62,11 +62,6 @@ struct BwdParams {
   float* dk_accum = nullptr;
   float* dv_accum = nullptr;
   BSHDStrides dkv_accum_strides;
-  // GQA with KV-group items (schedule/schedule.h, ClaimedSchedule::heads_per_item): each work
-  // item runs one KV column for every query head of its group and writes dk/dv itself; the
-  // accumulators, chains and semaphore above are unused (null). Claimed schedules, padded
-  // batches only; bwd_kv_group_items() says when the shape rule picks them.
-  bool kv_group_items = false;
   int64_t dkv_chain_stride = 0;
   int* dkv_semaphore = nullptr;
 
@@ -116,13 +111,13 @@ struct BwdParams {
   int* live_columns = nullptr;
 };
 
-// GQA without KV-group items: whether the group's dK/dV sum runs in ordered chains (store_dkv): always when
+// GQA: whether the group's dK/dV sum runs in ordered chains (store_dkv): always when
 // deterministic; without determinism for groups of at most `nondet_max_group` query heads (the
 // config's kNondetdKVChainsMaxGroup: there the chains beat adds into a zeroed accumulator plus
 // the casts after the kernel; larger groups queue on them). False without GQA.
 inline bool dkv_ordered_for(int nondet_max_group, BwdParams const& p) {
   int const group = p.num_heads_k > 0 ? p.num_heads / p.num_heads_k : 1;
-  return group >= 2 && !p.kv_group_items && (p.deterministic || group <= nondet_max_group);
+  return group >= 2 && (p.deterministic || group <= nondet_max_group);
 }
 
 // GQA dK/dV accumulation chains of an ordered run (store_dkv): the config's `max_chains`, at

@@ -111,17 +111,11 @@ using TileGeometry = TileGeometryT<RuntimeBlocks>;
 // turns.
 constexpr int kSectionStaggerClaims = 2 * 132;
 
-//
-// KV-group items (ClaimedSchedule::heads_per_item = G > 1) put the G query heads of a KV head
-// in one item: a section then counts items' head slots (batch * heads_kv), each of which reads
-// G heads' Q, dO and dQaccum, and a column's steps are G * M under a full mask.
-DASH_HOST_DEVICE int l2_section_heads(int seqlen_q, int head_dim, int batch_heads, int full_mask_q_tiles,
-                                      int heads_per_item = 1) {
+DASH_HOST_DEVICE int l2_section_heads(int seqlen_q, int head_dim, int batch_heads, int full_mask_q_tiles) {
   // 32 MiB of the 50 MiB L2 (H100/H200), leaving room for K/V, LSE/D and other work.
   long long const budget = 32ll << 20;
-  long long const per_head = 8ll * seqlen_q * head_dim * heads_per_item;  // Q + dO (2 B each) + dQaccum (4 B)
-  int const item_steps = full_mask_q_tiles * heads_per_item;
-  int const stagger_cap = item_steps > 0 ? max_int(kSectionStaggerClaims / item_steps, 1) : (1 << 30);
+  long long const per_head = 8ll * seqlen_q * head_dim;  // Q + dO (2 B each) + dQaccum (4 B)
+  int const stagger_cap = full_mask_q_tiles > 0 ? max_int(kSectionStaggerClaims / full_mask_q_tiles, 1) : (1 << 30);
   int w = 1;
   while (w < batch_heads && 2ll * w * per_head <= budget && 2 * w <= stagger_cap) { w *= 2; }
   return min_int(w, max_int(batch_heads, 1));
@@ -200,18 +194,6 @@ struct ScheduledColumn {
 // the same column of query head j - 1 of the group, whose slot is heads_kv smaller; items
 // are claimed in increasing L, so the smallest unfinished item is held by a running CTA and
 // never waits: deadlock-free for any number of CTAs >= 1.
-//
-// KV-group items (heads_per_item = G > 1, GQA only; kv_group_columns_for says when): item L
-// is column n of KV head kv of batch b, and its CTA runs that column for the G query heads
-// kv*G + 0, kv*G + 1, ... one after another, as G consecutive columns of the work ring
-// (column(L).h is the first of them). K and V are loaded once and dK, dV accumulate over
-// the G heads in the MMA warpgroups' registers (in head order, then visit order: the same
-// bits on every grid), stored once as the KV head's: no fp32 dK/dV accumulators, no chains,
-// no cross-head waits. Items enumerate (batch, KV head) slots where they enumerate (batch,
-// query head) otherwise; sections, ranks and claims are unchanged. Each head's column keeps
-// its visits and turns, so dQ receives the same adds in the same order as with per-head
-// items. Every wait of a column is a dQ turn of the same head, whose earlier turns belong to
-// other columns of that head, i.e. earlier-claimed items: deadlock-free as above.
 template <class Geometry = TileGeometry>
 struct ClaimedSchedule {
   static constexpr bool kClaimed = true;
@@ -219,18 +201,16 @@ struct ClaimedSchedule {
   Geometry geo;
   int num_heads = 0, num_batch = 0;
   int heads_per_group = 1;  // query heads per KV head (GQA); 1 without
-  int heads_per_item = 1;   // query heads of one item: 1, or heads_per_group (KV-group items)
-  int item_heads = 0;       // head slots per batch entry: num_heads / heads_per_item
   int section_heads = 1;
   bool shortest_first = false;
   bool visit_descending = false;
   bool descending_turns = false;
 
-  DASH_HOST_DEVICE int num_columns() const { return geo.num_n_blocks() * item_heads * num_batch; }
+  DASH_HOST_DEVICE int num_columns() const { return geo.num_n_blocks() * num_heads * num_batch; }
   DASH_HOST_DEVICE int item(int cta, int /*k*/) const { return cta; }  // claimed: only the first is static
   DASH_HOST_DEVICE ColumnCoord column(int L) const {
     int const N = geo.num_n_blocks();
-    int const batch_heads = item_heads * num_batch;
+    int const batch_heads = num_heads * num_batch;
     int const section = L / (section_heads * N);
     int const in_section = L - section * section_heads * N;
     int const width = min_int(section_heads, batch_heads - section * section_heads);
@@ -238,16 +218,11 @@ struct ClaimedSchedule {
     int const slot = section * section_heads + (in_section - k * width);
     ColumnCoord c;
     c.n = shortest_first ? N - 1 - k : k;
-    c.b = slot / item_heads;
-    int const s = slot - c.b * item_heads;
-    if (heads_per_item > 1) {
-      c.h = s * heads_per_item;  // slot = KV head: the first query head of its group
-    } else {
-      // s = j * heads_kv + kv -> h = kv * G + j
-      int const heads_kv = num_heads / heads_per_group;
-      int const j = s / heads_kv;
-      c.h = (s - j * heads_kv) * heads_per_group + j;
-    }
+    c.b = slot / num_heads;
+    int const s = slot - c.b * num_heads;  // s = j * heads_kv + kv -> h = kv * G + j
+    int const heads_kv = num_heads / heads_per_group;
+    int const j = s / heads_kv;
+    c.h = (s - j * heads_kv) * heads_per_group + j;
     return c;
   }
   DASH_HOST_DEVICE int num_steps(ColumnCoord c) const { return max_int(geo.m_end(c.n) - geo.m_begin(c.n), 0); }
@@ -258,35 +233,6 @@ struct ClaimedSchedule {
     return descending_turns ? geo.n_end(m) - 1 - c.n : c.n;
   }
 };
-
-// The reference grid of the KV-group rule below: the SMs of an H100/H200 SXM.
-constexpr int kKvGroupReferenceCtas = 132;
-
-// Whether a GQA problem runs KV-group items (ClaimedSchedule::heads_per_item = G): when a
-// grid of kKvGroupReferenceCtas CTAs gets, as its fair share of all the problem's steps, at
-// least `min_share` (the config's kv_group_min_share) of the longest item, G times the
-// longest column's steps. Below that a few long items would set the makespan (MQA 8/1 causal
-// 8k, batch 2: 128 items of up to 1024 steps for 132 CTAs), and per-head items with ordered
-// dK/dV chains balance better. min_share 0: never. A function of the shape only (never of the
-// launched grid), so the choice -- and the bits, which differ between the two -- are the same
-// on every GPU.
-// Twin of dash.schedules.orders.kv_group_items. Host code (a loop over the columns).
-template <class Geometry>
-inline bool kv_group_items_for(Geometry const& geo, int num_heads, int num_heads_k, int num_batch, int min_share) {
-  if (min_share < 1 || num_heads_k < 1 || num_heads % num_heads_k != 0 || num_heads / num_heads_k < 2) {
-    return false;
-  }
-  long long per_head = 0;
-  int longest = 0;
-  for (int n = 0; n < geo.num_n_blocks(); ++n) {
-    int const steps = max_int(geo.m_end(n) - geo.m_begin(n), 0);
-    per_head += steps;
-    longest = max_int(longest, steps);
-  }
-  long long const total = per_head * num_heads * num_batch;
-  long long const longest_item = (long long)(num_heads / num_heads_k) * longest;
-  return longest > 0 && total >= (long long)min_share * longest_item * kKvGroupReferenceCtas;
-}
 
 // The paper's shift schedule (full mask), on static waves planned for the launched grid.
 //
@@ -310,7 +256,6 @@ struct ShiftSchedule {
   Geometry geo;
   int num_heads = 0, num_batch = 0;
   int num_ctas = 1;  // P: the grid the waves are planned for (must be the launched grid)
-  static constexpr int heads_per_item = 1;  // one query head per item (no KV-group items)
 
   DASH_HOST_DEVICE int num_columns() const { return geo.num_n_blocks() * num_heads * num_batch; }
   DASH_HOST_DEVICE int item(int cta, int k) const { return cta + k * num_ctas; }
@@ -346,22 +291,19 @@ enum class BwdScheduleKind : int { kFa3 = 0, kInterleaved = 1, kDescending = 2, 
 
 // The claimed schedules. A non-deterministic run keeps the schedule's item and visit order
 // but takes the longest columns first (balances the tail); its turns are unused.
-// kv_group_items: KV-group items (GQA; ClaimedSchedule::heads_per_item).
 template <class Geometry>
 DASH_HOST_DEVICE ClaimedSchedule<Geometry> make_claimed_schedule(BwdScheduleKind kind, Geometry geo, int head_dim,
                                                                  int num_heads, int num_heads_k, int num_batch,
-                                                                 bool deterministic, bool kv_group_items = false) {
+                                                                 bool deterministic) {
   ClaimedSchedule<Geometry> s;
   s.geo = geo;
   s.num_heads = num_heads;
   s.heads_per_group = num_heads / num_heads_k;
-  s.heads_per_item = kv_group_items ? s.heads_per_group : 1;
-  s.item_heads = num_heads / s.heads_per_item;
   s.num_batch = num_batch;
   s.section_heads = kind == BwdScheduleKind::kFa3
                         ? 1
-                        : l2_section_heads(geo.seqlen_q, head_dim, s.item_heads * num_batch,
-                                           geo.causal ? 0 : geo.num_m_blocks(), s.heads_per_item);
+                        : l2_section_heads(geo.seqlen_q, head_dim, num_heads * num_batch,
+                                           geo.causal ? 0 : geo.num_m_blocks());
   // FA3's causal deterministic order: shortest columns first with descending turns (the
   // order in which its columns reach a tile). Descending visits go longest first with
   // ascending turns: every column starts at the last tile, column n right after n-1.

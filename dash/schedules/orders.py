@@ -207,62 +207,19 @@ L2_SECTION_BUDGET_BYTES = 32 << 20
 SECTION_STAGGER_CLAIMS = 2 * 132
 
 
-def l2_section_heads(seqlen_q: int, head_dim: int, batch_heads: int, full_mask_q_tiles: int = 0,
-                     heads_per_item: int = 1) -> int:
+def l2_section_heads(seqlen_q: int, head_dim: int, batch_heads: int, full_mask_q_tiles: int = 0) -> int:
     """Heads per L2 section of the interleaved claim order (``l2_section_heads`` in
     csrc/schedule/schedule.h): the largest power of two whose heads' Q, dO (2 bytes each) and
     fp32 dQaccum (8 * seqlen_q * head_dim bytes per head) fit the budget, at most
     ``batch_heads``, at least 1; under a full mask (``full_mask_q_tiles`` = the Q tiles of
     every column, 0 under a causal mask) also at most ``SECTION_STAGGER_CLAIMS //
-    full_mask_q_tiles``. A pure function of the shape, never of the grid.
-
-    KV-group items (``heads_per_item`` = G > 1, ``kv_group_items``): ``batch_heads`` counts
-    the items' (batch, KV head) slots, each of which holds G heads' bytes, and an item's
-    column takes G times the steps (the stagger cap divides by ``G * full_mask_q_tiles``)."""
-    per_head = 8 * int(seqlen_q) * int(head_dim) * int(heads_per_item)
-    item_steps = int(full_mask_q_tiles) * int(heads_per_item)
-    cap = max(SECTION_STAGGER_CLAIMS // item_steps, 1) if item_steps > 0 else 1 << 30
+    full_mask_q_tiles``. A pure function of the shape, never of the grid."""
+    per_head = 8 * int(seqlen_q) * int(head_dim)
+    cap = max(SECTION_STAGGER_CLAIMS // int(full_mask_q_tiles), 1) if full_mask_q_tiles > 0 else 1 << 30
     w = 1
     while w < batch_heads and 2 * w * per_head <= L2_SECTION_BUDGET_BYTES and 2 * w <= cap:
         w *= 2
     return int(min(w, max(batch_heads, 1)))
-
-
-#: The grid the KV-group rule's fair share is taken on (``kKvGroupReferenceCtas`` in
-#: csrc/schedule/schedule.h): the SMs of an H100/H200 SXM, a constant of the rule, never the
-#: launched grid.
-KV_GROUP_REFERENCE_CTAS = 132
-
-
-def kv_group_items(problem: Problem, min_share: int | None = None) -> bool:
-    """Whether the kernel runs a GQA backward as KV-group items (``kv_group_items_for`` in
-    csrc/schedule/schedule.h, its twin): one work item per (batch, KV head, column) that runs
-    the column for every query head of the group, summing dK/dV in registers. True when a
-    ``KV_GROUP_REFERENCE_CTAS``-CTA grid's fair share of all steps is at least ``min_share``
-    (the config's ``kv_group_min_share``; 0: never) times the longest item, ``G`` times the
-    longest column. False without GQA and for varlen batches. Schedule ``shift`` never uses them (the
-    binding asks only for the claimed schedules). A function of the shape only.
-
-    The scheduling model itself keeps per-head items: ``auto`` ranks the schedules as if
-    the group's heads were separate items, and this rule, not the model, decides the packing.
-    """
-    if problem.seqlens_q is not None or problem.seqlens_k is not None:
-        return False
-    heads, heads_kv = int(problem.heads_q), int(problem.heads_kv)
-    if heads_kv < 1 or heads % heads_kv or heads // heads_kv < 2:
-        return False
-    if min_share is None:
-        from dash.config import bwd_tile_config
-
-        min_share = bwd_tile_config(problem.head_dim, problem.causal).kv_group_min_share
-    if min_share < 1:
-        return False
-    tiling = tile_problem(problem)
-    n = int(tiling.num_n[0])
-    steps = np.maximum(tiling.col_hi[0, :n] - tiling.col_lo[0, :n], 0)
-    longest = int(steps.max()) if steps.size else 0
-    total = int(steps.sum()) * heads * int(problem.batch)
-    return longest > 0 and total >= int(min_share) * (heads // heads_kv) * longest * KV_GROUP_REFERENCE_CTAS
 
 
 def claim_rank(num_heads: int, per_head: int, section_heads: int) -> np.ndarray:

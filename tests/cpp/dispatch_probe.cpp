@@ -78,31 +78,7 @@ extern "C" int probe_is_built(int head_dim, int dtype) {
 namespace dash {
 int bwd_block_n(BwdParams const& p);
 int64_t bwd_trace_steps(BwdParams const& p);
-bool bwd_kv_group_items(BwdParams const& p);
 }  // namespace dash
-
-// bwd_kv_group_items: the binding's question whether a GQA backward runs KV-group items, with
-// the tile and kv_group_min_share of the head dim and mask. varlen != 0 stands for a varlen
-// batch (cu_seqlens set), schedule is a BwdScheduleKind. -1 when the head dim has no config.
-extern "C" int probe_kv_group_items(int head_dim, int causal, int seqlen_q, int seqlen_k, int heads, int heads_k,
-                                    int batch, int schedule, int varlen) {
-  dash::BwdParams p;
-  p.head_dim = head_dim;
-  p.causal = causal != 0;
-  p.seqlen_q = seqlen_q;
-  p.seqlen_k = seqlen_k;
-  p.num_heads = heads;
-  p.num_heads_k = heads_k;
-  p.batch = batch;
-  p.schedule = static_cast<dash::BwdScheduleKind>(schedule);
-  static int const cu_seqlens[2] = {0, 1};
-  if (varlen != 0) { p.cu_seqlens_q = p.cu_seqlens_k = cu_seqlens; }
-  try {
-    return dash::bwd_kv_group_items(p) ? 1 : 0;
-  } catch (std::invalid_argument const&) {
-    return -1;
-  }
-}
 
 // The host sizing functions' tile shape for a head dim and mask: kBlockN (what the GQA dK/dV
 // semaphores are sized with), or -1 when the head dim has no tile config.

@@ -64,30 +64,8 @@ int dash_schedule_probe(int kind, int seqlen_q, int seqlen_k, int block_m, int b
                num_steps, visit, turns, items, items_stride);
 }
 
-// KV-group items (ClaimedSchedule::heads_per_item > 1): the same outputs as
-// dash_schedule_probe for every item L (columns[3L + 1] = its first query head). Returns the
-// number of items, or -1 when the schedule did not pack the group (heads_per_item != G).
-int dash_kv_group_probe(int kind, int seqlen_q, int seqlen_k, int block_m, int block_n, int causal, int head_dim,
-                        int heads, int heads_k, int batch, int deterministic, int* columns, int* num_steps, int* visit,
-                        int* turns) {
-  dash::TileGeometry const geo = make_geometry(seqlen_q, seqlen_k, block_m, block_n, causal);
-  auto const s = dash::make_claimed_schedule(static_cast<dash::BwdScheduleKind>(kind), geo, head_dim, heads, heads_k,
-                                             batch, deterministic != 0, /*kv_group_items=*/true);
-  if (s.heads_per_item != heads / heads_k || s.item_heads != heads_k) { return -1; }
-  return probe(s, 1, columns, num_steps, visit, turns, nullptr, 0);
-}
-
-// kv_group_items_for, the shape rule.
-int dash_kv_group_items_for(int seqlen_q, int seqlen_k, int block_m, int block_n, int causal, int heads, int heads_k,
-                            int batch, int min_share) {
-  return dash::kv_group_items_for(make_geometry(seqlen_q, seqlen_k, block_m, block_n, causal), heads, heads_k, batch,
-                                  min_share)
-             ? 1
-             : 0;
-}
-
-int dash_l2_section_heads(int seqlen_q, int head_dim, int batch_heads, int full_mask_q_tiles, int heads_per_item) {
-  return dash::l2_section_heads(seqlen_q, head_dim, batch_heads, full_mask_q_tiles, heads_per_item);
+int dash_l2_section_heads(int seqlen_q, int head_dim, int batch_heads, int full_mask_q_tiles) {
+  return dash::l2_section_heads(seqlen_q, head_dim, batch_heads, full_mask_q_tiles);
 }
 
 // needs_mask(m, n) of the kernel, for the mask test.

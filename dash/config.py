@@ -78,16 +78,6 @@ class BwdTileConfig:
     # +2.5 % deterministic and -0.4 to +2.8 % non-deterministic at hdim 128 causal 2k-16k
     # against one buffer and the late loads (eighteenth pass).
     lse_early_det: bool = False
-    # A step's D = rowsum(dO * O) values (one per query of the thread's S^T fragment) read into
-    # registers between the S^T wait and the dP^T wait (FA3's and FA4's place) instead of inside
-    # the dS loop after the dP^T wait, where their shared-memory loads (queued behind both
-    # warpgroups' GEMM operand reads) sit in front of the dS FFMAs. SASS with it on (checked on the
-    # CPU, docs/kernel-notes.md, forty-second pass): ptxas puts the 8 LDS.64 right before the dP^T
-    # wait at hdim 128 causal (after it without); 0 spills at hdim 64 and hdim 128 causal, but
-    # 16-24 B at hdim 128 full (shift, varlen: 20 values per thread with the 80-row tile). Same
-    # bits (the same values, read earlier). Not measured yet, so off everywhere; with it off the
-    # kernels' SASS is unchanged.
-    d_early: bool = False
     # Deterministic GQA: accumulation chains of a KV group's dK / dV (csrc/kernels/bwd_epilogue.h,
     # store_dkv). Query heads j = 0 ... G - 2 of the group add into chain j % C (C = min(dkv_chains,
     # G - 1) fp32 copies of dK / dV, the first add of each a store), and head G - 1 adds the chains
@@ -421,7 +411,6 @@ def render_cpp_header() -> str:
             f"  static constexpr int kExp2FmaEvery = {cfg.exp2_fma_every};",
             f"  static constexpr bool kLseEarlyNondet = {'true' if cfg.lse_early_nondet else 'false'};",
             f"  static constexpr bool kLseEarlyDet = {'true' if cfg.lse_early_det else 'false'};",
-            f"  static constexpr bool kDEarly = {'true' if cfg.d_early else 'false'};",
             f"  static constexpr bool dQ_split_rows = {'true' if cfg.dq_split_rows else 'false'};",
             f"  static constexpr bool dQ_transposed = {'true' if cfg.dq_transposed else 'false'};",
             "};",

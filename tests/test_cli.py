@@ -607,7 +607,6 @@ def test_render_cpp_header_has_every_config():
             "kExp2FmaEvery": _cpp(cfg.exp2_fma_every),
             "kLseEarlyNondet": _cpp(cfg.lse_early_nondet),
             "kLseEarlyDet": _cpp(cfg.lse_early_det),
-            "kDEarly": _cpp(cfg.d_early),
             "dQ_split_rows": _cpp(cfg.dq_split_rows),
             "dQ_transposed": _cpp(cfg.dq_transposed),
         }

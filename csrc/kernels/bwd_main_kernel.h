@@ -353,15 +353,6 @@ struct BwdMainKernel {
             if (masked) { tSrS(i) = -INFINITY; }
           }
         }
-        // Traits::kDEarly: D for the dS loop, read before the dP^T wait so that the loads' latency
-        // runs under the rest of the dP^T GEMM instead of after its wait (ptxas places them after
-        // most of the exponentials' FMAs). D travels with dO: its stage is full, waited for before
-        // the dP^T issue.
-        float d_of[Traits::kDEarly ? kSValues : 1];
-        if constexpr (Traits::kDEarly) {
-          CUTLASS_PRAGMA_UNROLL
-          for (int i = 0; i < kSValues; ++i) { d_of[i] = sdPsum[get<1>(tScS(i))]; }
-        }
         // P^T = exp2(S^T * scale * log2(e) - LSE_log2[query]), every kExp2FmaEvery-th on the FMA pipe.
         CUTLASS_PRAGMA_UNROLL
         for (int i = 0; i < size(tSrS); ++i) {
@@ -373,7 +364,7 @@ struct BwdMainKernel {
         // dS^T = P^T * (dP^T - D[query]).
         CUTLASS_PRAGMA_UNROLL
         for (int i = 0; i < size(tdPrdP); ++i) {
-          tdPrdP(i) = tSrS(i) * (tdPrdP(i) - (Traits::kDEarly ? d_of[i] : sdPsum[get<1>(tScS(i))]));
+          tdPrdP(i) = tSrS(i) * (tdPrdP(i) - sdPsum[get<1>(tScS(i))]);
         }
 
         Tensor rP = detail::convert_fragment<Element>(tSrS);

@@ -47,9 +47,6 @@ struct BwdTraits {
   // is issued (BwdMainKernel's kLseEarly; BwdTileConfig.lse_early_nondet / lse_early_det).
   static constexpr bool kLseEarlyNondet = Config::kLseEarlyNondet;
   static constexpr bool kLseEarlyDet = Config::kLseEarlyDet;
-  // The dS loop's D values read from shared memory before the exponentials, not after the dP^T
-  // wait (BwdTileConfig.d_early).
-  static constexpr bool kDEarly = Config::kDEarly;
   static constexpr bool dQ_split_rows = Config::dQ_split_rows;
   static constexpr bool dQ_transposed = Config::dQ_transposed;  // dQ^T = K^T dS^T (BwdTileConfig.dq_transposed)
 

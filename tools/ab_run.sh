@@ -10,11 +10,14 @@
 # DIR holds a variant's _C*.so and _build_manifest.json, and its dash/config.py when its table
 # differs (carry it); it is run as a copy of this checkout's dash/ with those files swapped in.
 # AB_TIME_ARGS is passed on to tools/ab_time.py (e.g. "--hdim 64 --seqlen 2048 16384").
-# Lines go to $OUT/ab.jsonl.
+# AB_BASE=DIR takes the base build from DIR like a variant's, instead of this checkout's dash/
+# (which refuses kernels built from other sources than its csrc/, e.g. a kept build of an older
+# commit whose kernels are the same). Lines go to $OUT/ab.jsonl.
 set -u
 ops=$1; shift
 OUT=${OUT:-ab-out}; mkdir -p "$OUT"; rm -f "$OUT/ab.jsonl" "$OUT/ab.err"
 builds=("base:$PWD")
+[ -n "${AB_BASE:-}" ] && set -- "base=$AB_BASE" "$@" && builds=()
 for v in "$@"; do
   name=${v%%=*}; dir=${v#*=}; pkg=/tmp/ab-$name
   rm -rf "$pkg" && mkdir -p "$pkg" && cp -r dash "$pkg/" \

@@ -16,8 +16,7 @@
 set -u
 ops=$1; shift
 OUT=${OUT:-ab-out}; mkdir -p "$OUT"; rm -f "$OUT/ab.jsonl" "$OUT/ab.err"
-builds=("base:$PWD")
-[ -n "${AB_BASE:-}" ] && set -- "base=$AB_BASE" "$@" && builds=()
+if [ -n "${AB_BASE:-}" ]; then builds=(); set -- "base=$AB_BASE" "$@"; else builds=("base:$PWD"); fi
 for v in "$@"; do
   name=${v%%=*}; dir=${v#*=}; pkg=/tmp/ab-$name
   rm -rf "$pkg" && mkdir -p "$pkg" && cp -r dash "$pkg/" \

@@ -282,6 +282,20 @@ class FwdTileConfig:
     # every element (~200 instructions per masked block at hdim 128). Measured alone on the H200
     # (twenty-sixth pass): hdim 128 +0.1 to +0.7 %, hdim 64 causal 2k / 16k -2.0 / -2.4 %. Same bits.
     row_limit_mask: bool = False
+    # Where a middle block waits for its P V GEMM (issued before its S was waited for). None:
+    # after the softmax, as the source reads; but ptxas moves a plain wgmma.wait_group up to
+    # where it first reuses the registers the GEMM reads, and at hdim 64 (160 registers) that is
+    # P's, above the first exponential, so a warpgroup's exponentials never ran under its own
+    # P V GEMM (kernel notes, eighth and twenty-fourth passes). A number n: the wait follows the
+    # thread's first n exponentials of the block (a wait predicated on their partial row sum,
+    # which ptxas cannot move above it; ptx.h, wgmma_wait_all_after), and the rest interleave
+    # with the P conversions behind it, FA4's shape. tools/check_kernels.py --sass checks that
+    # at least n exponentials precede the loop's wait. Same bits (only the order of issue moves).
+    # Off in the table: built and SASS-checked (hdim 64 with 16: 18 of 66 exponentials before the
+    # wait, 5 instructions more per block, 0 spills; docs/kernel-notes.md, forty-fifth pass), not
+    # yet timed on a GPU; FA4's hdim-64 forward, which waits after about 10, spends 6 % fewer
+    # stall samples in the same loop.
+    pv_wait_after_exp2: int | None = None
     note: str = ""
 
     def __post_init__(self) -> None:
@@ -298,6 +312,13 @@ class FwdTileConfig:
                 raise ValueError("lazy_max_sum_log2 raises the max by the rule of rescale_max_growth_log2: set both")
         if not 1 <= self.l2_section_mib <= 1024:
             raise ValueError(f"l2_section_mib={self.l2_section_mib} is not supported (1 to 1024 MiB)")
+        if self.pv_wait_after_exp2 is not None:
+            per_thread = self.block_n // 2  # a thread's scores of a 64-row x block_n block
+            if not isinstance(self.pv_wait_after_exp2, int) or not 1 <= self.pv_wait_after_exp2 < per_thread:
+                raise ValueError(f"pv_wait_after_exp2={self.pv_wait_after_exp2!r} is not supported "
+                                 f"(an int, 1 to {per_thread - 1}: a thread takes {per_thread} exponentials per block)")
+            if self.lazy_max_sum_log2 is not None:
+                raise ValueError("pv_wait_after_exp2 places the exact softmax's wait: not with lazy_max_sum_log2")
         if self.kv_multicast and self.causal:
             raise ValueError("kv_multicast pairs Q tiles that walk the same KV blocks: full masks only")
         if self.block_m != 64 * self.mma_warpgroups:
@@ -443,6 +464,7 @@ def render_cpp_header() -> str:
             f"  static constexpr long long kL2SectionBytes = {cfg.l2_section_bytes};",
             f"  static constexpr bool kTmaStoreOut = {'true' if cfg.tma_store_out else 'false'};",
             f"  static constexpr bool kRowLimitMask = {'true' if cfg.row_limit_mask else 'false'};",
+            f"  static constexpr int kPvWaitAfterExp2 = {cfg.pv_wait_after_exp2 or 0};",
             "};",
             "",
         ]

@@ -121,6 +121,21 @@ def test_short_names_of_both_passes(ck):
     assert ck.short_name(shift) == "bwd_main_kernel hdim128 causal bfloat16_t shift"
 
 
+def test_placed_pv_wait_is_read_from_the_table_per_forward_kernel(ck, monkeypatch):
+    import dataclasses
+
+    from dash import config as C
+
+    rows = tuple(dataclasses.replace(c, pv_wait_after_exp2=7 if (c.head_dim, c.causal) == (64, True) else None)
+                 for c in C.FWD_TILE_CONFIGS)
+    monkeypatch.setattr(ck.dash_config, "FWD_TILE_CONFIGS", rows)
+    assert ck.pv_wait_after_exp2("fwd_main_kernel hdim64 causal bfloat16_t") == 7
+    assert ck.pv_wait_after_exp2("fwd_main_kernel hdim64 causal half_t varlen") == 7
+    assert ck.pv_wait_after_exp2("fwd_main_kernel hdim64 full bfloat16_t") == 0
+    assert ck.pv_wait_after_exp2("fwd_main_kernel hdim128 causal bfloat16_t") == 0
+    assert ck.pv_wait_after_exp2("bwd_main_kernel hdim64 causal bfloat16_t claimed") == 0
+
+
 def test_ptxas_wgmma_serialisation_is_attributed_to_its_kernel(ck):
     # The lines ptxas -v printed for a draft of the forward kernel whose last P V wait sat in a
     # second branch (docs/kernel-notes.md, thirteenth pass), beside a clean kernel.

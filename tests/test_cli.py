@@ -550,6 +550,14 @@ def test_forward_tile_config_invariants_are_enforced():
     for mib in (0, -12, 1025):
         with pytest.raises(ValueError, match=f"l2_section_mib={mib} is not supported \\(1 to 1024 MiB\\)"):
             C.FwdTileConfig(128, True, 128, 128, 2, 2, 240, True, l2_section_mib=mib)
+    # A thread takes block_n / 2 exponentials per block: the P V wait must follow 1 .. block_n / 2 - 1.
+    for after in (0, 64, 16.0):
+        with pytest.raises(ValueError, match="pv_wait_after_exp2=.* is not supported \\(an int, 1 to 63"):
+            C.FwdTileConfig(64, False, 192, 128, 3, 2, 160, True, pv_wait_after_exp2=after)
+    assert C.FwdTileConfig(64, False, 192, 128, 3, 2, 160, True, pv_wait_after_exp2=63).pv_wait_after_exp2 == 63
+    with pytest.raises(ValueError, match="not with lazy_max_sum_log2"):
+        C.FwdTileConfig(64, True, 192, 128, 3, 2, 160, True, rescale_max_growth_log2=8.0, lazy_max_sum_log2=12,
+                        pv_wait_after_exp2=16)
 
 def test_forward_kv_multicast_is_rendered_per_row(monkeypatch):
     import dataclasses
@@ -642,6 +650,7 @@ def test_render_cpp_header_has_every_forward_config():
             "kL2SectionBytes": _cpp(cfg.l2_section_mib * 1024 * 1024),
             "kTmaStoreOut": _cpp(cfg.tma_store_out),
             "kRowLimitMask": _cpp(cfg.row_limit_mask),
+            "kPvWaitAfterExp2": _cpp(cfg.pv_wait_after_exp2 or 0),
         }
 
 

@@ -7,7 +7,8 @@ For each kernel prints registers, spill bytes and stack frame (from ptxas -v), a
 non-zero if any shipped kernel spills, uses a stack frame or draws one of ptxas' C75xx notes
 on its WGMMA pipeline (serialised WGMMAs, an injected wait). With --sass it also checks that
 the main kernel issues HGMMA and TMA loads (UTMALDG) and has no local-memory traffic
-(LDL/STL). Needs nvcc (CUDA 12.3+) and the CUTLASS headers (nvidia-cutlass, or
+(LDL/STL), and that a forward whose table places its P V wait (pv_wait_after_exp2) has at
+least that many exponentials ahead of the hot loop's wait. Needs nvcc (CUDA 12.3+) and the CUTLASS headers (nvidia-cutlass, or
 DASH_CUTLASS_DIR); no GPU and no torch.
 """
 
@@ -96,6 +97,17 @@ def short_name(demangled: str) -> str:
     if re.search(r", (?:\(bool\))?(?:true|1)$", args):
         name += " lse-early"
     return name
+
+
+def pv_wait_after_exp2(name: str) -> int:
+    """The table's pv_wait_after_exp2 for a forward main kernel named by short_name (0 for others)."""
+    m = re.match(r"fwd_main_kernel hdim(\d+) (causal|full) ", name)
+    if not m:
+        return 0
+    for cfg in dash_config.FWD_TILE_CONFIGS:
+        if cfg.head_dim == int(m.group(1)) and cfg.causal == (m.group(2) == "causal"):
+            return cfg.pv_wait_after_exp2 or 0
+    return 0
 
 
 def compile_tu(nvcc: str, cutlass: Path, tu: Path, outdir: Path) -> tuple[Path, str, Path]:
@@ -271,9 +283,16 @@ def main(argv: list[str] | None = None) -> int:
                     if hgmma == 0 or utma == 0 or local:
                         failures.append(f"{tu.name}: {name} SASS: HGMMA {hgmma}, UTMALDG {utma}, LDL/STL {local}")
                     loop = hot_loop(code)
-                    if loop:  # reported, not checked: what ptxas made of the mainloop
+                    if loop:  # reported: what ptxas made of the mainloop
                         note.append(f"loop {loop['instructions']} instr, {loop['branches']} BRA, {loop['moves']} MOV, "
                                     f"EX2 before the WGMMA wait {loop['ex2_before_wait']}/{loop['ex2']}")
+                    # Checked where the table places the forward's P V wait (pv_wait_after_exp2): the
+                    # exponentials it asks for precede the loop's first wait for all WGMMA groups.
+                    wanted = pv_wait_after_exp2(name)
+                    if wanted and (not loop or loop["ex2_before_wait"] < wanted):
+                        got = loop["ex2_before_wait"] if loop else "no loop found"
+                        failures.append(f"{tu.name}: {name}: {got} exponentials before the P V wait, "
+                                        f"the table asks for {wanted} (pv_wait_after_exp2)")
                 rows.append((tu.name, name, k.get("registers", -1), spills, k.get("stack", 0), "; ".join(note)))
 
     print(f"{'translation unit':<24} {'kernel':<60} {'regs':>5} {'spill B':>8} {'stack B':>8}  notes")

@@ -370,15 +370,21 @@ struct FwdMainKernel {
   }
 
   // S -> P = exp2(S * scale_log2 - max_scaled) in place; `block_sum` gets this thread's partial
-  // sums of its two rows (quads are summed once, at the tile's end).
-  template <class Frag>
+  // sums of its two rows (quads are summed once, at the tile's end). WaitPvAfter > 0: the
+  // warpgroup's P V GEMM in flight is waited for after the first WaitPvAfter exponentials
+  // (Traits::kPvWaitAfterExp2; the partial sum they feed orders the wait behind them).
+  template <int WaitPvAfter = 0, class Frag>
   static __device__ __forceinline__ void exp2_rows(Frag& s, float const (&max_scaled)[2], float scale_log2,
                                                    float (&block_sum)[2]) {
+    static_assert(WaitPvAfter < decltype(size(s))::value, "the wait must follow one of the block's exponentials");
     block_sum[0] = block_sum[1] = 0.f;
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < size(s); ++i) {
       s(i) = detail::exp2_approx(fmaf(s(i), scale_log2, -max_scaled[row_half(i)]));
       block_sum[row_half(i)] += s(i);
+      if constexpr (WaitPvAfter > 0) {
+        if (i == WaitPvAfter - 1) { ptx::wgmma_wait_all_after(block_sum[row_half(i)]); }
+      }
     }
   }
 
@@ -394,7 +400,7 @@ struct FwdMainKernel {
   //   * otherwise: the exact running max (FA3's online softmax).
   // A row whose keys so far are all masked has max -inf: it uses 0 as the subtracted max
   // (P = exp2(-inf) = 0, no NaN).
-  template <bool First, class Frag>
+  template <bool First, int WaitPvAfter = 0, class Frag>
   static __device__ __forceinline__ bool online_softmax(Frag& s, float (&row_max)[2], float (&max_scaled)[2],
                                                         float (&row_sum)[2], float (&rescale)[2], float scale_log2) {
     float block_max[2];
@@ -422,7 +428,7 @@ struct FwdMainKernel {
       max_scaled[r] = row_max[r] == -INFINITY ? 0.f : row_max[r] * scale_log2;
     }
     float block_sum[2];
-    exp2_rows(s, max_scaled, scale_log2, block_sum);
+    exp2_rows<WaitPvAfter>(s, max_scaled, scale_log2, block_sum);
     CUTLASS_PRAGMA_UNROLL
     for (int r = 0; r < 2; ++r) {
       // Each thread keeps a partial sum of its own columns; quads are summed once at the end.
@@ -681,7 +687,8 @@ struct FwdMainKernel {
           auto exact_step = [&] {
             release_k_and_q();
             if (masked) { apply_mask(geo, tSrS, tScS, m, n); }
-            raised = online_softmax<false>(tSrS, row_max, max_scaled, row_sum, rescale, scale_log2);
+            raised = online_softmax<false, Traits::kPvWaitAfterExp2>(tSrS, row_max, max_scaled, row_sum, rescale,
+                                                                      scale_log2);
           };
           // `masked` is a bool (hdim 64) or a compile-time cute::true_type / false_type (hdim 128).
           if constexpr (!Traits::kLazyMax) {
@@ -691,7 +698,9 @@ struct FwdMainKernel {
           } else {
             lazy_step();
           }
-          warpgroup_wait<0>();  // O += P V done: P's registers and V_{n+1} are free
+          // O += P V done: P's registers and V_{n+1} are free (with kPvWaitAfterExp2 the
+          // softmax waited, among its exponentials).
+          if constexpr (Traits::kPvWaitAfterExp2 == 0) { warpgroup_wait<0>(); }
           release_kv(&ss.bar_v_empty[kv_prev.index], peer, lane0);
           auto rescale_o = [&] {
             CUTLASS_PRAGMA_UNROLL

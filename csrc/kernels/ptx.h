@@ -1,6 +1,7 @@
-// Thin wrappers over the sm_90 PTX that the backward needs and CuTe does not expose
-// directly: mbarriers, named barriers, bulk (non-tensor) copies and reduce-adds, and the
-// global-memory semaphore used by the deterministic dQ reduction.
+// Thin wrappers over the sm_90 PTX that the kernels need and CuTe does not expose
+// directly: mbarriers, named barriers, bulk (non-tensor) copies and reduce-adds, the
+// global-memory semaphore used by the deterministic dQ reduction, and a WGMMA wait that
+// ptxas cannot hoist.
 //
 // Memory-ordering notes live beside each primitive; the deterministic protocols that
 // combine them are documented at BwdMainKernel::dq_writer and BwdMainKernel::store_dkv
@@ -211,6 +212,27 @@ __device__ __forceinline__ int opaque(int x) {
   int y;
   asm volatile("mov.b32 %0, %1;\n" : "=r"(y) : "r"(x));
   return y;
+}
+
+// Waits for every WGMMA group this warpgroup committed, placed after `after` is computed.
+// ptxas may move a plain wgmma.wait_group up (waiting earlier is always legal), and does so to
+// where it first reuses the registers an in-flight GEMM reads: in the hdim-64 forward, the P
+// fragment of the P V GEMM, above the block's first exponential. A wait guarded by a predicate
+// computed from `after` cannot be issued before `after` exists. The guard is always true: the
+// forward passes a partial sum of exp2 results, and no FADD or MUFU result has the bit pattern
+// 0xffffffff (a NaN they produce is the canonical 0x7fffffff), so it is warp-uniform, as the
+// .aligned wait requires. The unguarded wait behind it is what ptxas's own register analysis
+// sees (with the guarded one alone it cannot tell that the groups drained and serialises the
+// loop's WGMMAs, C7514); it finds nothing left to wait for.
+__device__ __forceinline__ void wgmma_wait_all_after(float after) {
+  asm volatile(
+      "{\n"
+      " .reg .pred p;\n"
+      " setp.ne.b32 p, %0, 0xffffffff;\n"
+      " @p wgmma.wait_group.sync.aligned 0;\n"
+      " wgmma.wait_group.sync.aligned 0;\n"
+      "}\n" ::"r"(__float_as_uint(after))
+      : "memory");
 }
 
 // Programmatic dependent launch (sm_90). launch_dependents: this CTA lets the grid queued

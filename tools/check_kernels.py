@@ -8,8 +8,8 @@ non-zero if any shipped kernel spills, uses a stack frame or draws one of ptxas'
 on its WGMMA pipeline (serialised WGMMAs, an injected wait). With --sass it also checks that
 the main kernel issues HGMMA and TMA loads (UTMALDG) and has no local-memory traffic
 (LDL/STL), and that a forward whose table places its P V wait (pv_wait_after_exp2) has at
-least that many exponentials ahead of the hot loop's wait. Needs nvcc (CUDA 12.3+) and the CUTLASS headers (nvidia-cutlass, or
-DASH_CUTLASS_DIR); no GPU and no torch.
+least that many exponentials ahead of the hot loop's wait. Needs nvcc (CUDA 12.3+) and the
+CUTLASS headers (nvidia-cutlass, or DASH_CUTLASS_DIR); no GPU and no torch.
 """
 
 from __future__ import annotations

@@ -372,6 +372,17 @@ def bwd_tile_config(head_dim: int, causal: bool) -> BwdTileConfig:
     )
 
 
+def fwd_tile_config(head_dim: int, causal: bool) -> FwdTileConfig:
+    """The forward table's row for ``head_dim`` and mask; raise a clear error otherwise."""
+    for cfg in FWD_TILE_CONFIGS:
+        if cfg.head_dim == head_dim and cfg.causal == bool(causal):
+            return cfg
+    supported = ", ".join(str(d) for d in SUPPORTED_HEAD_DIMS)
+    raise NotImplementedError(
+        f"head_dim={head_dim} is not supported yet by DASH's forward; supported head dims: {supported}"
+    )
+
+
 def shift_lanes(seqlen_q: int, seqlen_k: int, head_dim: int, ctas: int) -> tuple[int, int]:
     """The shift schedule's precondition, as (running columns of a head, Q tiles): at most
     ``min(key columns, ctas)`` columns of one head run at once, each starting at its own Q

@@ -474,6 +474,24 @@ def test_bwd_tile_config_unsupported(head_dim, causal):
     assert f"head_dim={head_dim}" in msg and "not supported yet" in msg and "64, 128" in msg
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", C.SUPPORTED_HEAD_DIMS)
+def test_fwd_tile_config_supported(head_dim, causal):
+    cfg = C.fwd_tile_config(head_dim, causal)
+    assert cfg in C.FWD_TILE_CONFIGS
+    assert cfg.head_dim == head_dim and cfg.causal is causal
+    assert cfg.block_m == 64 * cfg.mma_warpgroups
+    assert C.fwd_tile_config(head_dim, int(causal)) is cfg
+
+
+@pytest.mark.parametrize("head_dim", [0, 32, 96, 256])
+def test_fwd_tile_config_unsupported(head_dim):
+    with pytest.raises(NotImplementedError) as e:
+        C.fwd_tile_config(head_dim, True)
+    msg = str(e.value)
+    assert f"head_dim={head_dim}" in msg and "forward" in msg and "64, 128" in msg
+
+
 def test_table_covers_each_supported_pair_once():
     keys = [(c.head_dim, c.causal) for c in C.BWD_TILE_CONFIGS]
     assert len(keys) == len(set(keys))

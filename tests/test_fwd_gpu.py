@@ -244,7 +244,7 @@ def test_forward_clusters_match_single_ctas(seqlens, head_dim):
     seed = _seed("clusters", seqlens, head_dim)
     q, k, v = _inputs(2, seqlen_q, seqlen_k, 3, 3, head_dim, torch.bfloat16, seed)
     sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-    cfg = next(c for c in config.FWD_TILE_CONFIGS if c.head_dim == head_dim and not c.causal)
+    cfg = config.fwd_tile_config(head_dim, False)
     pairs = -(-seqlen_q // cfg.block_m) % 2 == 0
     base_out = base_lse = None
     for ctas in (1, 2, 5, sms):

@@ -36,7 +36,7 @@ def _reference(q, k, v, scale, causal):
 @pytest.mark.parametrize("rule", M.RULES)
 @pytest.mark.parametrize("pattern", PATTERNS)
 def test_rule_meets_the_reference(pattern, rule, row):
-    cfg = M.fwd_config(*row)
+    cfg = C.fwd_tile_config(*row)
     for i, (sq, sk) in enumerate(SEQLENS):
         dtype = torch.float16 if i % 2 else torch.bfloat16
         q, k, v, scale = M.make_scores(pattern, sq, sk, cfg.head_dim, dtype, seed=i)
@@ -70,7 +70,7 @@ def test_lazy_slow_path_only_where_needed(row):
     """Random scores take the slow path only on the unmasked blocks where a warpgroup's first row
     meets its first key; a sink (keys 0-3, the last block visited) at most once more per (Q tile,
     warpgroup); scores that rise on every block on every unmasked middle block."""
-    cfg = M.fwd_config(*row)
+    cfg = C.fwd_tile_config(*row)
     for sq, sk in SEQLENS:
         forced = _first_key_blocks(cfg, sq, sk) if cfg.causal else {}
         q, k, v, scale = M.make_scores("random", sq, sk, cfg.head_dim, seed=1)
@@ -98,7 +98,7 @@ def test_first_key_rows_subtracting_zero_would_fail(head_dim):
     """The slow path forced where a warpgroup's first row meets its first key in an unmasked block
     (first_keys in the kernel) is what keeps such rows right: without it they subtract 0 (no max
     yet), and fp16 P of a row at -60 units is 0 (the row comes out empty), +inf at +90."""
-    cfg = M.fwd_config(head_dim, True)
+    cfg = C.fwd_tile_config(head_dim, True)
     sq, sk = (500, 563) if head_dim == 64 else (500, 627)
     assert _first_key_blocks(cfg, sq, sk), "the pair must put a first key in an unmasked block"
     q, k, v, scale = M.make_scores("offsets", sq, sk, head_dim, torch.float16, seed=5)

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from dash import reference
-from dash.config import FWD_TILE_CONFIGS
+from dash.config import fwd_tile_config
 from dash.api import flash_attn_func, flash_attn_varlen_func
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
@@ -147,7 +147,7 @@ def test_varlen_forward_skips_dead_runs_and_keeps_every_live_tile(head_dim, caus
     blocks), on the whole grid, seven CTAs and one. With 12 heads a short sequence's sections are
     8 and 4 heads (the largest power of two, then a partial section)."""
     monkeypatch.setenv("DASH_POISON_OUTPUTS", "1")
-    cfg = next(c for c in FWD_TILE_CONFIGS if c.head_dim == head_dim and c.causal == causal)
+    cfg = fwd_tile_config(head_dim, causal)
     gen = random.Random(_seed("varlen-dead-runs-lengths", head_dim, causal))
     lengths = [gen.choice([0, 1, cfg.block_m, cfg.block_m + 1]) for _ in range(4)]
     lengths += [gen.randint(2, 3 * cfg.block_m) for _ in range(30)]
@@ -186,7 +186,7 @@ def test_varlen_sequence_longer_than_max_seqlen_q_is_nan(causal):
     max_q = 200  # the grid covers the Q tiles of 200 rows: rows 0..255 at hdim 128 (128-row tiles)
     out, lse = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max(lengths), causal=causal,
                                       return_attn_probs=True)
-    block_m = next(c.block_m for c in FWD_TILE_CONFIGS if c.head_dim == 128 and c.causal == causal)
+    block_m = fwd_tile_config(128, causal).block_m
     grid_rows = -(-max_q // block_m) * block_m
     beyond = torch.zeros(q.shape[0], dtype=torch.bool, device="cuda")
     beyond[100 + grid_rows:100 + 450] = True

@@ -104,10 +104,7 @@ def pv_wait_after_exp2(name: str) -> int:
     m = re.match(r"fwd_main_kernel hdim(\d+) (causal|full) ", name)
     if not m:
         return 0
-    for cfg in dash_config.FWD_TILE_CONFIGS:
-        if cfg.head_dim == int(m.group(1)) and cfg.causal == (m.group(2) == "causal"):
-            return cfg.pv_wait_after_exp2 or 0
-    return 0
+    return dash_config.fwd_tile_config(int(m.group(1)), m.group(2) == "causal").pv_wait_after_exp2 or 0
 
 
 def compile_tu(nvcc: str, cutlass: Path, tu: Path, outdir: Path) -> tuple[Path, str, Path]:

@@ -182,14 +182,6 @@ def make_scores(pattern: str, seqlen_q: int, seqlen_k: int, d: int, dtype=torch.
     return q.to(dtype), k.to(dtype), v.to(dtype), 1.0
 
 
-def fwd_config(head_dim: int, causal: bool):
-    """The forward table's row (dash/config.py, FWD_TILE_CONFIGS) for a head dim and mask."""
-    for cfg in dash_config.FWD_TILE_CONFIGS:
-        if cfg.head_dim == head_dim and cfg.causal == bool(causal):
-            return cfg
-    raise ValueError(f"head_dim={head_dim} causal={causal}: no forward table row")
-
-
 def table_rule(cfg) -> str:
     if cfg.lazy_max_sum_log2 is not None:
         return "lazy"
@@ -217,7 +209,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     from dash import reference
 
-    cfg = fwd_config(args.hdim, args.causal)
+    cfg = dash_config.fwd_tile_config(args.hdim, args.causal)
     dtype = getattr(torch, args.dtype)
     q, k, v, scale = make_scores(args.scores, args.seqlen_q, args.seqlen_k, args.hdim, dtype)
     run = run_config(cfg, q, k, v, scale, args.rule)

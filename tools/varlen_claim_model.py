@@ -40,23 +40,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fwd_tile_order_model import section_heads, section_keys, sequence_section_heads, tile_order  # noqa: E402
 
-from dash.config import FWD_TILE_CONFIGS  # noqa: E402
+from dash.config import fwd_tile_config  # noqa: E402
 
 DEAD, LIVE = 0, 1
-
-
-def _config(head_dim: int, causal: bool):
-    for cfg in FWD_TILE_CONFIGS:
-        if cfg.head_dim == head_dim and cfg.causal == causal:
-            return cfg
-    raise SystemExit(f"no forward config for hdim {head_dim}, causal={causal}")
 
 
 def items_of(lengths: list[int], heads: int, head_dim: int, causal: bool, order: str,
              overhead: float = 0.5) -> list[tuple]:
     """Items in claim order: (LIVE, cost) or (DEAD, run_end) where run_end is the item index the
     kernel's skip raises the counter to (the item itself + 1 where its section spans sequences)."""
-    cfg = _config(head_dim, causal)
+    cfg = fwd_tile_config(head_dim, causal)
     bm, bn = cfg.block_m, cfg.block_n
     nmb = -(-max(lengths) // bm)
 

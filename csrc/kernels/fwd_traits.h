@@ -87,10 +87,9 @@ struct FwdTraits {
   static constexpr bool kTmaStoreOut = Config::kTmaStoreOut && !kVarlen;
   static constexpr bool kRowLimitMask = Config::kRowLimitMask;
   // FwdTileConfig.pv_wait_after_exp2 (0: none): a middle block waits for its P V GEMM after
-  // this many of the thread's exponentials.
+  // this many of the thread's exponentials (fewer than its kBlockN / 2: exp2_rows asserts it).
   static constexpr int kPvWaitAfterExp2 = Config::kPvWaitAfterExp2;
   static_assert(kPvWaitAfterExp2 == 0 || !kLazyMax, "the placed P V wait is the exact softmax's");
-  static_assert(kPvWaitAfterExp2 < kBlockN / 2, "a thread takes kBlockN / 2 exponentials per block");
   static constexpr int kMmaRegisters = Config::kMmaRegisters;
   // Varlen: what the CTA's launch budget leaves beside the MMA warpgroups, up to 32 (hdim 64:
   // 4 x 128 - 3 x 160 = 32; hdim 128: 3 x 168 - 2 x 240 = 24; launch_registers_per_thread says

@@ -15,6 +15,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import varlen_claim_model as vcm  # noqa: E402
 from bench_varlen import HIDDEN, lengths_of  # noqa: E402
 
+from dash.config import fwd_tile_config  # noqa: E402
+
 ORDERS = ("padded", "per_sequence", "live_only")
 
 
@@ -27,7 +29,7 @@ def _live(items):
 @pytest.mark.parametrize("lengths", [lengths_of("skewed"), lengths_of("uniform"), [1, 700, 129, 4096, 64, 2000]])
 def test_orders_hold_the_same_live_tiles_and_skips_pass_only_dead_ones(hdim, causal, lengths):
     heads = HIDDEN // hdim
-    block_m = vcm._config(hdim, causal).block_m
+    block_m = fwd_tile_config(hdim, causal).block_m
     live_tiles = sum(heads * -(-n // block_m) for n in lengths)
     orders = {o: vcm.items_of(lengths, heads, hdim, causal, o) for o in ORDERS}
     for o, items in orders.items():

@@ -93,11 +93,15 @@ def flash_attn_func(
     DASH; they are accepted and ignored.
 
     Returns out (batch, seqlen_q, heads, head_dim), or (out, softmax_lse) with
-    return_attn_probs=True; softmax_lse is float32 (batch, heads, seqlen_q). As in FA3,
-    softmax_lse is for inspection: no gradient flows back through it (a gradient arriving
-    at it is ignored, so a loss that uses it gets incomplete gradients for q and k: a loss
-    on it alone gives no gradient to q, k, v; a loss on out and softmax_lse gets out's part
-    only; DASH cannot tell without a device sync whether the arriving gradient is zero).
+    return_attn_probs=True; softmax_lse is float32 (batch, heads, seqlen_q). softmax_lse is
+    for inspection: no gradient flows back through it, and it says so (requires_grad=False,
+    as torch.max's indices; FA3 returns it as differentiable and ignores a gradient that
+    arrives). A loss on it alone raises PyTorch's "does not require grad"; in a loss on out and
+    softmax_lse, softmax_lse is a constant.
+
+    Gradients are first order: with create_graph=True, dq, dk, dv are exact, but
+    differentiating them again (a gradient penalty, a Hessian-vector product) raises
+    dash.ops.NOT_TWICE_DIFFERENTIABLE instead of losing attention's second-order term.
     """
     # Read once: the key and the deterministic=None rule below must see the same value even if
     # another thread sets the flag meanwhile (a plan stored under the other value would stick).
@@ -255,7 +259,8 @@ def flash_attn_varlen_func(
 
     Returns out (total_q, heads, head_dim), or (out, softmax_lse) with return_attn_probs=True;
     softmax_lse is float32 (heads, total_q), FA3's varlen layout (natural log; -inf for rows
-    that see no key, whose out is 0). As in flash_attn_func, no gradient flows through it."""
+    that see no key, whose out is 0). As in flash_attn_func, it is non-differentiable
+    (requires_grad=False) and the gradients are first order only."""
     reject_unsupported_fa3_arguments(seqused_q=seqused_q, seqused_k=seqused_k, qv=qv, q_descale=q_descale,
                                      k_descale=k_descale, v_descale=v_descale, attention_chunk=attention_chunk,
                                      num_splits=num_splits, softcap=softcap)

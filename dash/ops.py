@@ -8,8 +8,9 @@ Ops (registered with ``torch.library`` so ``torch.compile`` traces them):
   ``dash::bwd``; ``deterministic``, ``schedule`` and ``sm_margin`` travel with the op for
   the backward. Its autograd is C++ (csrc/autograd.cpp): the backward node calls
   ``dash::bwd`` through the dispatcher, so torch.compile traces both ops. The LSE output
-  gets no gradient, as in FA3: a gradient arriving at it is ignored (see
-  ``dash.api.flash_attn_func``).
+  is non-differentiable (returned with requires_grad=False: no gradient flows through it,
+  as in FA3, which ignores one arriving there), and the gradients are first order only: a
+  second differentiation raises NOT_TWICE_DIFFERENTIABLE (see ``dash.api.flash_attn_func``).
 * ``dash::fwd_varlen`` / ``dash::bwd_varlen`` -- the same forward and backward on
   variable-length sequences packed along the rows (FA3's ``flash_attn_varlen_func``): out
   (total_q, heads, head_dim) and lse (heads, total_q); the forward's autograd (registered
@@ -140,6 +141,24 @@ def resolve_deterministic(deterministic: Optional[bool], needs_grad: bool,
     return deterministic
 
 
+#: What a second differentiation through DASH's attention raises (the same text as
+#: csrc/autograd.cpp's kNotTwiceDifferentiable).
+NOT_TWICE_DIFFERENTIABLE = (
+    "DASH's attention backward is not differentiable: with create_graph=True its dq, dk, dv are exact first-order "
+    "gradients, but differentiating them again (a gradient penalty, a Hessian-vector product) is not supported")
+
+
+def first_order_only(grads: tuple[Tensor, ...], inputs: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+    """The gradients as the backward returns them: themselves, or under create_graph=True (grad
+    mode on, an input requiring grad) aliases whose node raises NOT_TWICE_DIFFERENTIABLE when a
+    second backward reaches it, with edges to ``inputs`` so that it does when differentiating
+    with respect to them (csrc/autograd.cpp says why)."""
+    if not (torch.is_grad_enabled() and any(t.requires_grad for t in inputs)):
+        return tuple(grads)
+    error = torch._C._functions.DelayedError(NOT_TWICE_DIFFERENTIABLE.encode(), len(grads) + len(inputs))
+    return tuple(error(*grads, *inputs)[:len(grads)])
+
+
 # ---------------------------------------------------------------------------------------
 # Forward and backward (C++, registered by dash._C): fakes for torch.compile, autograd
 # ---------------------------------------------------------------------------------------
@@ -178,21 +197,24 @@ if _ext.kernels_available():  # the C++ schemas exist only when dash._C loaded
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
     # The varlen forward's autograd, in Python (dash::fwd's is C++ for its host time at tiny
-    # shapes; a packed batch is a training-sized call). As for dash::fwd, no gradient flows
-    # through softmax_lse: a gradient arriving there is ignored.
+    # shapes; a packed batch is a training-sized call), with dash::fwd's rules: softmax_lse is
+    # returned as a constant (no gradient flows through it), and under create_graph=True the
+    # gradients are first order only (csrc/autograd.cpp, first_order_only).
     def _fwd_varlen_setup_context(ctx, inputs, output):
         q, k, v, cu_seqlens_q, cu_seqlens_k = inputs[:5]
         out, lse = output
         ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+        ctx.mark_non_differentiable(lse)
         ctx.options = inputs[5:]  # max_seqlen_q, max_seqlen_k, softmax_scale, causal, deterministic, schedule, sm_margin
 
     def _fwd_varlen_backward(ctx, dout, dlse):
         q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
         if dout is None:
             dout = torch.zeros_like(out)
-        dq, dk, dv = torch.ops.dash.bwd_varlen(dout.contiguous(), q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
-                                               *ctx.options)
-        return (dq, dk, dv) + (None,) * 9
+        with torch.no_grad():  # dash::bwd_varlen has no autograd of its own
+            dq, dk, dv = torch.ops.dash.bwd_varlen(dout.contiguous(), q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+                                                   *ctx.options)
+        return first_order_only((dq, dk, dv), (q, k, v)) + (None,) * 9
 
     torch.library.register_autograd("dash::fwd_varlen", _fwd_varlen_backward, setup_context=_fwd_varlen_setup_context)
 

@@ -181,7 +181,8 @@ def _flash_attn_backward(
 
     dout, out: like q; softmax_lse: float32 (batch, heads, seqlen_q) from the forward (FA3's
     or DASH's: same convention). ``is_causal`` and the window are normalised as in
-    ``_flash_attn_forward``. deterministic=True makes dq, dk, dv bitwise reproducible
+    ``_flash_attn_forward``. deterministic=True, or torch.use_deterministic_algorithms(True)
+    whatever deterministic says, makes dq, dk, dv bitwise reproducible
     (DASH's ordered reduction); sm_margin leaves SMs free for communication kernels.
 
     dq, dk, dv are outputs, as in FA3: each one given (shaped, typed and placed like q, k, v
@@ -192,8 +193,10 @@ def _flash_attn_backward(
     With cu_seqlens_q / cu_seqlens_k (packed variable-length sequences, as the forward took
     them) it runs ``dash::bwd_varlen``: q, dout, out (total_q, heads, head_dim), k, v (total_k,
     heads_kv, head_dim), softmax_lse (heads, total_q), and max_seqlen_q / max_seqlen_k are
-    required; softmax_d is then (heads, total_q). Without them max_seqlen_q / max_seqlen_k are
-    ignored (as in FA3). sequed_q/k, softcap != 0 and a real sliding window raise
+    required; softmax_d is then (heads, total_q), row i of it packed row i (FA3's is padded:
+    sequence b starts at row (cu_seqlens_q[b] + b * its tile height) rounded down to that
+    height, so index DASH's with the offsets, not FA3's padded ones). Without them
+    max_seqlen_q / max_seqlen_k are ignored (as in FA3). sequed_q/k, softcap != 0 and a real sliding window raise
     NotImplementedError naming the argument and the value.
 
     Returns what FA3 returns: ``softmax_d``, float32 (batch, heads, seqlen_q), the row sums
@@ -205,6 +208,10 @@ def _flash_attn_backward(
     reject_unsupported_fa3_arguments(sequed_q=sequed_q, sequed_k=sequed_k, softcap=softcap)
     check_bool("is_causal", is_causal)
     check_bool("deterministic", deterministic)
+    # FA3's default is False, so an explicit False cannot be told from a caller that never chose
+    # (TransformerEngine passes its own default): under torch.use_deterministic_algorithms(True)
+    # the ordered backward runs either way, instead of a non-deterministic one.
+    deterministic = deterministic or torch.are_deterministic_algorithms_enabled()
     if _is_varlen_call(cu_seqlens_q, cu_seqlens_k):
         return _varlen_backward(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                 max_seqlen_k, dq, dk, dv, softmax_scale, is_causal, window_size_left,

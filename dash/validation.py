@@ -237,9 +237,11 @@ def effective_causal(window_size: Sequence[int], causal: bool, seqlen_q: int, se
     """Whether ``window_size`` (flash_attn_func's (left, right) pair, -1 unbounded) with
     ``causal`` is the causal mask (True) or no mask (False); raises NotImplementedError for
     a real sliding window (not supported yet)."""
-    if window_size == (-1, -1) and isinstance(causal, bool):  # the default: no window to interpret
+    # The default, an exact tuple (an array or tensor compared with == would not give one bool).
+    if type(window_size) is tuple and window_size == (-1, -1) and isinstance(causal, bool):
         return causal
-    if window_size is None or len(tuple(window_size)) != 2 or not all(_is_int(w) for w in window_size):
+    if (not isinstance(window_size, (tuple, list)) or len(window_size) != 2
+            or not all(_is_int(w) for w in window_size)):
         raise TypeError(f"window_size must be a pair of ints (left, right), -1 meaning unbounded; got {window_size!r}")
     left, right = (int(w) for w in window_size)
     return _mask_is_causal(left, right, causal, seqlen_q, seqlen_k, given=f"window_size={tuple(window_size)}",
@@ -454,7 +456,9 @@ def validate_varlen_inputs(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: object
             raise ValueError(f"cu_seqlens_q has {batch + 1} entries and cu_seqlens_k {cu.shape[0]}; both must be "
                              "batch + 1")
         batch = cu.shape[0] - 1
-        if cu.device.type == "cpu":
+        # Under torch.compile the values are data (reading them would need a guard on each one):
+        # there, as for offsets on the GPU, they are the caller's contract.
+        if cu.device.type == "cpu" and not torch.compiler.is_compiling():
             offsets = cu.tolist()
             lengths = [b - a for a, b in zip(offsets, offsets[1:])]
             if offsets[0] != 0 or offsets[-1] != rows or min(lengths) < 0:

@@ -28,9 +28,11 @@ inline void check_cuda(cudaError_t err, char const* what) {
   }
 }
 
-// The TMA descriptors need 16-byte aligned base addresses and strides. A stride of a dim
-// of extent 1 is never multiplied by a non-zero index, so it is replaced by the contiguous
-// one (which is aligned) instead of being rejected.
+// The TMA descriptors need 16-byte aligned base addresses and strides, and strides below
+// 2^40 bytes (cuTensorMapEncodeTiled's limits; CuTe reports a refused descriptor only by an
+// assert, which -DNDEBUG removes, so a bad one must never reach it). A stride of a dim of
+// extent 1 is never multiplied by a non-zero index, so it is replaced by the contiguous one
+// (which is aligned) instead of being rejected.
 inline BSHDStrides checked_tma_strides(char const* name, void const* ptr, BSHDStrides s, int seqlen, int heads,
                                        int batch, int head_dim, int elem_bytes,
                                        char const* who = "DASH backward") {
@@ -48,6 +50,9 @@ inline BSHDStrides checked_tma_strides(char const* name, void const* ptr, BSHDSt
     } else if ((*d.stride * elem_bytes) % 16 != 0) {
       throw std::invalid_argument(std::string(who) + ": " + name + " has stride " + std::to_string(*d.stride) +
                                   " in its " + d.what + " dim, not a multiple of 16 bytes (TMA needs it)");
+    } else if (*d.stride < 0 || *d.stride * elem_bytes >= (int64_t(1) << 40)) {
+      throw std::invalid_argument(std::string(who) + ": " + name + " has stride " + std::to_string(*d.stride) +
+                                  " in its " + d.what + " dim; TMA needs 0 <= stride < 2^40 bytes");
     }
   }
   return out;
@@ -121,6 +126,16 @@ void run_bwd_impl(BwdParams const& p, cudaStream_t stream) {
   using Traits = BwdTraits<kHeadDim, Is_causal, Element, kVarlen>;
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
+
+  // The torch binding refuses empty tensors; a direct caller (tools/runner) gets the same
+  // one-line error instead of a zero-size grid's launch failure.
+  if (p.batch < 1 || p.seqlen_q < 1 || p.seqlen_k < 1 || p.num_heads < 1 || p.num_heads_k < 1) {
+    throw std::invalid_argument("DASH backward: empty problem (batch=" + std::to_string(p.batch) + ", " +
+                                (kVarlen ? "max_seqlen_q=" : "seqlen_q=") + std::to_string(p.seqlen_q) + ", " +
+                                (kVarlen ? "max_seqlen_k=" : "seqlen_k=") + std::to_string(p.seqlen_k) +
+                                ", heads=" + std::to_string(p.num_heads) + ", heads_k=" +
+                                std::to_string(p.num_heads_k) + ")");
+  }
 
   TileGeometry geo;
   geo.seqlen_q = p.seqlen_q;

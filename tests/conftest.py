@@ -10,6 +10,12 @@ GPU tests (marked ``gpu``) need an sm_90 GPU and DASH's compiled kernels:
 Slow tests (marked ``slow``: 1000-repeat determinism runs) run with ``-m slow`` or
 ``DASH_RUN_SLOW=1`` and are skipped otherwise.
 
+Random draws are fresh every session and reproducible from a failure: ``DASH_TEST_SALT`` (set
+here unless given, printed in pytest's header) is added to every seed the GPU test modules
+derive (their failure messages name seed and salt), and PyTorch's global generators are
+seeded per test from its node id and the salt, so that a draw without an explicit generator
+(``torch.randn_like``) is reproducible too: rerun with the printed ``DASH_TEST_SALT``.
+
 ``cpu_as_sm90``: CPU tensors pass the entry points' checks as if on an sm_90 device, and the
 ops they would launch are recorders, so CPU tests can assert what reaches the kernels.
 
@@ -21,8 +27,34 @@ same kernels after ``pip install --no-build-isolation .`` (setup.py places them 
 from __future__ import annotations
 
 import os
+import zlib
 
 import pytest
+
+# One salt per session, shared by every module that reads DASH_TEST_SALT at import (the GPU
+# tests' _seed helpers): fixed here, before they are imported, unless the caller set it.
+os.environ.setdefault("DASH_TEST_SALT", str(int.from_bytes(os.urandom(2), "little")))
+TEST_SALT = int(os.environ["DASH_TEST_SALT"])
+
+
+def pytest_report_header(config):
+    return f"DASH_TEST_SALT={TEST_SALT} (set it to rerun a failure on the same random draws)"
+
+
+def salted_seed(*parts) -> int:
+    """A seed from ``parts`` and the session's salt (crc32: hash() of a str changes per process)."""
+    return (zlib.crc32(repr(parts).encode()) + TEST_SALT) % 2**31
+
+
+@pytest.fixture(autouse=True)
+def _seed_global_generators(request):
+    """PyTorch's global generators (CPU and every CUDA device), seeded from the test's node id
+    and the salt before each test."""
+    try:
+        import torch
+    except ImportError:
+        return
+    torch.manual_seed(salted_seed(request.node.nodeid))
 
 _GPU_STATE: tuple[str, str | None] | None = None  # ("skip" | "fail" | "run", reason)
 

@@ -317,6 +317,14 @@ def test_window_size_default_as_list_is_accepted():
     assert _validate(*_qkv(), window_size=[-1, -1]) is None
 
 
+def test_window_size_as_an_array_names_the_argument():
+    """An array or tensor pair is refused by name (its == would not give one bool)."""
+    np = pytest.importorskip("numpy")
+    for window in (np.array([-1, -1]), torch.tensor([-1, -1])):
+        with pytest.raises(TypeError, match=r"^window_size must be a pair of ints \(left, right\)"):
+            _validate(*_qkv(), window_size=window)
+
+
 @pytest.mark.parametrize("softcap", [1.0, 30.0, -5.0, 0.5])
 def test_softcap_not_supported(softcap):
     q, k, v = _qkv()

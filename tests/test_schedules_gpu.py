@@ -126,11 +126,13 @@ def test_every_schedule_matches_reference(seqlens, causal, head_dim):
 
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("seqlens", [(1000, 100), (129, 64), (200, 333), (640, 64)])
-def test_deterministic_dq_reads_only_chains_that_were_written(seqlens, head_dim):
+def test_deterministic_dq_reads_only_chains_that_were_written(seqlens, head_dim, monkeypatch):
     """A deterministic run stores the first add of each dQ accumulation chain instead of
     zeroing the workspace; a tile with fewer contributions than chains (one column; rows that
     see no key under a causal mask with seqlen_q > seqlen_k) must not read the chain nobody
-    wrote. The caching allocator is first filled with NaN, so such a read would surface."""
+    wrote. The dQ workspace is NaN-filled before each launch (DASH_POISON_OUTPUTS), and the
+    caching allocator too, so such a read would surface."""
+    monkeypatch.setenv("DASH_POISON_OUTPUTS", "1")
     sq, sk = seqlens
     seed = _seed("chains", seqlens, head_dim)
     q, k, v, dout = _inputs(2, sq, sk, 3, 3, head_dim, seed)

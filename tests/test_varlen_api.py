@@ -226,6 +226,63 @@ def test_varlen_reference_of_equal_lengths_is_the_padded_reference(causal):
     torch.testing.assert_close(vlse, lse.permute(1, 0, 2).flatten(1, 2), rtol=0, atol=1e-12)
 
 
+def _autograd_oracle(q, k, v, dout, lengths_q, lengths_k, causal):
+    """Attention written out in float64 per sequence and head, differentiated by autograd: an
+    oracle that shares no code with dash.reference. Causal is bottom-right aligned (query i of
+    a sequence sees keys j <= i + seqlen_k - seqlen_q); a row that sees no key gives 0."""
+    q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    group = q.shape[1] // k.shape[1]
+    outs, lses = [], []
+    q0 = k0 = 0
+    for sq, sk in zip(lengths_q, lengths_k):
+        for h in range(q.shape[1]):
+            qs, ks, vs = q[q0:q0 + sq, h], k[k0:k0 + sk, h // group], v[k0:k0 + sk, h // group]
+            s = (qs @ ks.T) * q.shape[-1] ** -0.5
+            if causal:
+                s = s.masked_fill(torch.arange(sk)[None, :] > torch.arange(sq)[:, None] + (sk - sq), float("-inf"))
+            shift = s.detach().amax(-1, keepdim=True) if sk else torch.zeros(sq, 1, dtype=s.dtype)
+            shift = torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift))
+            e = torch.exp(s - shift)
+            total = e.sum(-1, keepdim=True)
+            outs.append(((e / torch.where(total > 0, total, torch.ones_like(total))) @ vs, q0, h))
+            lses.append((torch.log(total[:, 0]) + shift[:, 0], q0, h))
+        q0, k0 = q0 + sq, k0 + sk
+    out = torch.zeros(q.shape[0], q.shape[1], v.shape[-1], dtype=q.dtype)
+    lse = torch.zeros(q.shape[1], q.shape[0], dtype=q.dtype)
+    for (o, start, h), (l, _, _) in zip(outs, lses):
+        out[start:start + o.shape[0], h] = o
+        lse[h, start:start + l.shape[0]] = l.detach()
+    grads = torch.autograd.grad((out * dout).sum(), (q, k, v), allow_unused=True)
+    return out.detach(), lse, [torch.zeros_like(t) if g is None else g for g, t in zip(grads, (q, k, v))]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_reference_backward_matches_an_autograd_oracle(causal):
+    """reference.attention_backward_varlen (what every varlen backward test on the GPU trusts)
+    against autograd of attention written out per sequence: GQA, a sequence without queries,
+    one without keys, seqlen_q > seqlen_k (causal rows that see no key) and the reverse."""
+    lengths_q, lengths_k = (5, 0, 9, 3, 7), (8, 4, 3, 0, 11)
+    gen = torch.Generator().manual_seed(1 + causal)
+    heads, heads_kv, d = 4, 2, 8
+    q = torch.randn(sum(lengths_q), heads, d, dtype=torch.float64, generator=gen)
+    k = torch.randn(sum(lengths_k), heads_kv, d, dtype=torch.float64, generator=gen)
+    v = torch.randn(sum(lengths_k), heads_kv, d, dtype=torch.float64, generator=gen)
+    dout = torch.randn(q.shape, dtype=torch.float64, generator=gen)
+    out, lse, want = _autograd_oracle(q, k, v, dout, lengths_q, lengths_k, causal)
+    cu_q = [0, *torch.tensor(lengths_q).cumsum(0).tolist()]
+    cu_k = [0, *torch.tensor(lengths_k).cumsum(0).tolist()]
+    ref_out, ref_lse = reference.attention_forward_varlen(q, k, v, cu_q, cu_k, causal=causal,
+                                                          compute_dtype=torch.float64)
+    torch.testing.assert_close(ref_out, out, rtol=1e-10, atol=1e-12)
+    assert torch.equal(torch.isneginf(ref_lse), torch.isneginf(lse))
+    got = reference.attention_backward_varlen(dout, q, k, v, out, ref_lse, cu_q, cu_k, causal=causal,
+                                              compute_dtype=torch.float64)
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        assert g.shape == w.shape, name
+        torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-11, msg=lambda m: f"{name}: {m}")
+    assert torch.all(got[1][8:12] == 0) and torch.all(got[2][8:12] == 0)
+
+
 def test_varlen_reference_keeps_sequences_apart():
     """A sequence's result does not change when its neighbours change, and rows of a sequence
     without keys are 0 with LSE -inf."""

@@ -211,6 +211,23 @@ def test_varlen_offsets_on_the_cpu_and_few_ctas():
     assert torch.equal(out, out_cpu) and torch.equal(out, out_one)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_forward_bitwise_repeats(causal):
+    """The varlen forward's out and LSE keep their bits over 100 runs on grids of every size
+    (sm_margin cycling through 0, 1, 33 and all but one SM)."""
+    lengths_q, lengths_k = LENGTH_CASES["mixed"]
+    seed = _seed("varlen-fwd-repeats", causal)
+    q, k, v, cu_q, cu_k = _packed(lengths_q, lengths_k, 4, 2, 128, torch.bfloat16, seed)
+    longest_q, longest_k = max(lengths_q), max(lengths_k)
+    sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+    base_out, base_lse = flash_attn_varlen_func(q, k, v, cu_q, cu_k, longest_q, longest_k, causal=causal,
+                                                return_attn_probs=True)
+    for i in range(100):
+        out, lse = flash_attn_varlen_func(q, k, v, cu_q, cu_k, longest_q, longest_k, causal=causal,
+                                          sm_margin=(0, 1, 33, sms - 1)[i % 4], return_attn_probs=True)
+        assert torch.equal(out, base_out) and torch.equal(lse, base_lse), f"repeat {i} changed the bits {_tag(seed)}"
+
+
 def test_varlen_opcheck_and_compile():
     lengths_q, lengths_k = [33, 0, 140], [70, 12, 140]
     q, k, v, cu_q, cu_k = _packed(lengths_q, lengths_k, 2, 1, 128, torch.bfloat16, _seed("opcheck"))
@@ -219,6 +236,8 @@ def test_varlen_opcheck_and_compile():
     compiled = torch.compile(flash_attn_varlen_func, fullgraph=True)
     with torch.no_grad():
         assert torch.equal(compiled(q, k, v, cu_q, cu_k, 140, 140, causal=True), eager)
+        # Offsets on the CPU: checked eagerly, data under compile (no guard on each value).
+        assert torch.equal(compiled(q, k, v, cu_q.cpu(), cu_k.cpu(), 140, 140, causal=True), eager)
 
 
 # ---------------------------------------------------------------------------------------
@@ -385,6 +404,29 @@ def test_varlen_autograd_end_to_end(causal):
                  f"e2e bwd causal={causal} {_tag(seed)}")
     again = step()[2:]
     assert all(torch.equal(a, b) for a, b in zip(again, grads)), f"deterministic varlen autograd differs {_tag(seed)}"
+
+
+def test_varlen_lse_is_a_constant_and_gradients_are_first_order():
+    """dash::fwd_varlen's autograd (Python) follows dash::fwd's rules: softmax_lse is returned
+    non-differentiable, create_graph=True gives the same gradients bit for bit, and a second
+    differentiation through them raises."""
+    from dash.ops import NOT_TWICE_DIFFERENTIABLE
+
+    seed = _seed("varlen-lse-grad")
+    q, k, v, cu_q, cu_k = _packed([100, 37], [64, 130], 2, 1, 64, torch.bfloat16, seed)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    dout = torch.randn_like(q)
+    out, lse = flash_attn_varlen_func(q, k, v, cu_q, cu_k, 100, 130, causal=True, deterministic=True,
+                                      return_attn_probs=True)
+    assert out.requires_grad and not lse.requires_grad
+    plain = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+    both = torch.autograd.grad((out * dout).sum() + lse.sum(), (q, k, v), retain_graph=True)
+    assert all(torch.equal(a, b) for a, b in zip(plain, both)), _tag(seed)
+    graphed = torch.autograd.grad(out, (q, k, v), dout, create_graph=True)
+    assert all(torch.equal(a, b) for a, b in zip(plain, graphed)), f"create_graph changed the bits {_tag(seed)}"
+    with pytest.raises(RuntimeError) as e:
+        torch.autograd.grad(sum(g.float().pow(2).sum() for g in graphed), (q, k))
+    assert NOT_TWICE_DIFFERENTIABLE in str(e.value)
 
 
 def test_varlen_backward_opcheck():

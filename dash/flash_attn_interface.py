@@ -22,6 +22,10 @@ To make ``import flash_attn_interface`` / ``import flash_attn_3.flash_attn_inter
 load this module, see ``dash.install_as_flash_attn_3`` (``dash.fa3_alias``): opt-in, and
 never over a real FA3.
 
+``FlashAttnFunc``, ``FlashAttnQKVPackedFunc`` and ``FlashAttnVarlenFunc`` (FA3's
+autograd.Function classes) exist for code that calls their ``apply`` with FA3's positional
+arguments: it runs the matching ``flash_attn_*func`` with DASH's autograd.
+
 ``flash_attn_with_kvcache``, ``flash_attn_combine`` and ``get_scheduler_metadata`` exist so
 that code importing them by name imports; calling them raises NotImplementedError.
 """
@@ -58,6 +62,9 @@ __all__ = [
     "flash_attn_with_kvcache",
     "flash_attn_combine",
     "get_scheduler_metadata",
+    "FlashAttnFunc",
+    "FlashAttnQKVPackedFunc",
+    "FlashAttnVarlenFunc",
     "_flash_attn_forward",
     "_flash_attn_backward",
 ]
@@ -345,3 +352,37 @@ def get_scheduler_metadata(*args, **kwargs):
     """FA3's scheduler metadata for flash_attn_with_kvcache: not supported."""
     raise NotImplementedError("get_scheduler_metadata (FA3's KV-cache scheduler) is not supported by DASH; "
                               "pass scheduler_metadata=None")
+
+
+# FA3's autograd.Function classes, for callers of ``FlashAttnFunc.apply(...)``. They are not
+# torch.autograd.Function subclasses: DASH's autograd is in its ops (csrc/autograd.cpp, and
+# dash.ops for varlen), so ``apply`` is the functional entry point under FA3's positional order.
+class FlashAttnFunc:
+    """``FlashAttnFunc.apply(q, k, v, softmax_scale, causal, qv, q_descale, k_descale, v_descale,
+    window_size, attention_chunk, softcap, num_splits, pack_gqa, deterministic, sm_margin,
+    return_softmax)``: FA3's order, which is ``flash_attn_func``'s; runs it."""
+
+    apply = staticmethod(flash_attn_func)
+
+
+class FlashAttnQKVPackedFunc:
+    """``FlashAttnQKVPackedFunc.apply(qkv, softmax_scale, causal, q_descale, k_descale, v_descale,
+    window_size, attention_chunk, softcap, deterministic, num_heads_q, sm_margin,
+    return_softmax)``: FA3's order, which is ``flash_attn_qkvpacked_func``'s; runs it."""
+
+    apply = staticmethod(flash_attn_qkvpacked_func)
+
+
+class FlashAttnVarlenFunc:
+    """``FlashAttnVarlenFunc.apply(...)`` with FA3's positional order, which differs from
+    ``flash_attn_varlen_func``'s (seqused_q / seqused_k before the longest lengths); runs it."""
+
+    @staticmethod
+    def apply(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+              causal, qv=None, q_descale=None, k_descale=None, v_descale=None, window_size=(-1, -1),
+              attention_chunk=0, softcap=0.0, num_splits=1, pack_gqa=None, deterministic=None, sm_margin=0,
+              return_softmax=False):
+        return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q,
+                                      seqused_k, softmax_scale, causal, qv, q_descale, k_descale, v_descale,
+                                      window_size, attention_chunk, softcap, num_splits, pack_gqa, deterministic,
+                                      sm_margin, return_softmax)

@@ -114,6 +114,45 @@ def test_module_exports_fa3s_names():
     assert {"_flash_attn_forward", "_flash_attn_backward", "flash_attn_qkvpacked_func"} <= set(fai.__all__)
 
 
+#: The positional parameters of FA3's autograd.Function forwards (after ctx), same file and commit.
+FA3_FUNCTION_APPLY_PARAMETERS = {
+    "FlashAttnFunc": ["q", "k", "v", "softmax_scale", "causal", "qv", "q_descale", "k_descale", "v_descale",
+                      "window_size", "attention_chunk", "softcap", "num_splits", "pack_gqa", "deterministic",
+                      "sm_margin", "return_softmax"],
+    "FlashAttnQKVPackedFunc": ["qkv", "softmax_scale", "causal", "q_descale", "k_descale", "v_descale", "window_size",
+                               "attention_chunk", "softcap", "deterministic", "num_heads_q", "sm_margin",
+                               "return_softmax"],
+    "FlashAttnVarlenFunc": ["q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "seqused_q", "seqused_k", "max_seqlen_q",
+                            "max_seqlen_k", "softmax_scale", "causal", "qv", "q_descale", "k_descale", "v_descale",
+                            "window_size", "attention_chunk", "softcap", "num_splits", "pack_gqa", "deterministic",
+                            "sm_margin", "return_softmax"],
+}
+
+
+@pytest.mark.parametrize("name", list(FA3_FUNCTION_APPLY_PARAMETERS))
+def test_fa3_function_classes_apply_in_fa3s_positional_order(name):
+    """Position i of FA3's Func.apply means what position i of DASH's apply means (the last,
+    return_softmax, is flash_attn_*func's return_attn_probs)."""
+    expected = FA3_FUNCTION_APPLY_PARAMETERS[name]
+    got = list(inspect.signature(getattr(fai, name).apply).parameters)[:len(expected)]
+    assert got[:-1] == expected[:-1] and got[-1] in ("return_softmax", "return_attn_probs"), got
+
+
+def test_fa3_function_classes_reach_the_ops(cpu_as_sm90):
+    q, k, v = _qkv()
+    fai.FlashAttnFunc.apply(q, k, v, 0.5, True)
+    assert cpu_as_sm90[-1]["causal"] is True and cpu_as_sm90[-1]["softmax_scale"] == 0.5
+    qp, kp, vp, cu, longest = _packed()
+    out, lse = fai.FlashAttnVarlenFunc.apply(qp, kp, vp, cu, cu, None, None, longest, longest, None, True, None, None,
+                                             None, None, (-1, -1), 0, 0.0, 1, None, None, 0, True)
+    call = cpu_as_sm90[-1]
+    assert call["max_seqlen_q"] == call["max_seqlen_k"] == longest and call["causal"] is True
+    assert out.shape == qp.shape and lse.shape == (qp.shape[1], qp.shape[0])
+    qkv = torch.stack(_qkv(), dim=2)
+    fai.FlashAttnQKVPackedFunc.apply(qkv, None, False)
+    assert cpu_as_sm90[-1]["causal"] is False and len(cpu_as_sm90) == 3
+
+
 @pytest.mark.parametrize("name", ["flash_attn_with_kvcache", "flash_attn_combine", "get_scheduler_metadata"])
 def test_fa3_functions_dash_lacks_import_and_raise(name):
     with pytest.raises(NotImplementedError, match=f"^{name} .*not supported"):

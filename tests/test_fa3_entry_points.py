@@ -350,6 +350,38 @@ def test_first_order_only_raises_on_a_second_differentiation():
     assert str(e.value) == ops.NOT_TWICE_DIFFERENTIABLE
 
 
+@pytest.mark.parametrize("varlen", [False, True])
+def test_autograd_rules_of_the_ops_on_fake_tensors(varlen):
+    """The autograd of dash::fwd (C++, csrc/autograd.cpp) and dash::fwd_varlen (Python), run on
+    fake tensors (the ops' fake kernels stand in for the GPU's; no device needed): the LSE
+    comes back non-differentiable, plain gradients carry no graph, and under create_graph a
+    second differentiation raises NOT_TWICE_DIFFERENTIABLE."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from dash import _ext, ops
+
+    ok, why = _ext.kernels_status()
+    if not ok:
+        pytest.skip(f"dash._C is not loaded, so its ops are not registered: {why}")
+    with FakeTensorMode():
+        if varlen:
+            q, k, v = (torch.empty(96, 2, 64, dtype=torch.bfloat16).requires_grad_() for _ in range(3))
+            cu = torch.tensor([0, 40, 96], dtype=torch.int32)
+            out, lse = torch.ops.dash.fwd_varlen(q, k, v, cu, cu, 56, 56, 0.125, True, True, "fa3", 0)
+        else:
+            q, k, v = (torch.empty(1, 128, 2, 64, dtype=torch.bfloat16).requires_grad_() for _ in range(3))
+            out, lse = torch.ops.dash.fwd(q, k, v, 0.125, True, True, "fa3", 0)
+        assert out.requires_grad and not lse.requires_grad
+        plain = torch.autograd.grad(out, (q, k, v), torch.ones_like(out), retain_graph=True)
+        assert not any(g.requires_grad for g in plain)
+        graphed = torch.autograd.grad(out, (q, k, v), torch.ones_like(out), create_graph=True)
+        assert all(g.requires_grad for g in graphed)
+        for wrt in (q, v):
+            with pytest.raises(RuntimeError) as e:
+                torch.autograd.grad(graphed[0].float().sum() + graphed[2].float().sum(), wrt, retain_graph=True)
+            assert str(e.value) == ops.NOT_TWICE_DIFFERENTIABLE
+
+
 # ---------------------------------------------------------------------------------------
 # The alias: opt-in, never over a real FA3
 # ---------------------------------------------------------------------------------------

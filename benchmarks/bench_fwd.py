@@ -97,11 +97,11 @@ def time_row(shape: bench.Shape, libs, modes, warmup: int, iters: int, burst: in
     dt = torch.bfloat16
     sets = []
     gen = torch.Generator(device="cuda").manual_seed(0)
-    for _ in range(2):
+    for _ in range(3):  # three input sets rotate through the bursts, as in the backward benchmark
         q = torch.randn(shape.batch, shape.seqlen, shape.heads, shape.head_dim, device="cuda", dtype=dt, generator=gen)
         k = torch.randn(shape.batch, shape.seqlen, shape.heads, shape.head_dim, device="cuda", dtype=dt, generator=gen)
-        v = torch.randn_like(k)
-        dout = torch.randn_like(q)
+        v = torch.randn(k.shape, device="cuda", dtype=dt, generator=gen)
+        dout = torch.randn(q.shape, device="cuda", dtype=dt, generator=gen)
         sets.append(dict(q=q.requires_grad_(), k=k.requires_grad_(), v=v.requires_grad_(), dout=dout))
     calls = {}
     for mode, (lib, kind, det) in modes.items():
@@ -165,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="back-to-back calls per mode per round (default 3); 1 = one synced call per sample")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     p.add_argument("--host-only", action="store_true", help="only the host time per call on a tiny problem")
+    p.add_argument("--tag", default="fwd", help="results file tag (default fwd): <date>-<gpu>-<tag>[-N].json")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_fwd: needs a CUDA GPU (sm_90) with DASH's kernels built", file=sys.stderr)
@@ -221,9 +222,11 @@ def main(argv: list[str] | None = None) -> int:
     payload = {"meta": {"kind": "fwd",
                         "what": "forward and forward+backward through each library's user-facing function",
                         "warmup": args.warmup, "iters": args.iters, "burst": args.burst,
+                        "round_coverage": bench.round_coverage(max((len(r["ms"]) for r in rows), default=0),
+                                                               args.iters),
                         "modes": {m: list(v) for m, v in modes.items()}},
                "environment": bench.environment(), "summary": summary, "host_us_per_call": host, "rows": rows}
-    path = bench.write_results(payload, args.out, "fwd")
+    path = bench.write_results(payload, args.out, args.tag)
     print(f"\nwrote {path}")
     return 0
 

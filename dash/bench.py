@@ -215,6 +215,12 @@ def cuda_time_ms_interleaved(fns: dict[str, Callable[[dict], object]], sets: lis
     live, host_s = {}, {}
     for name, fn in fns.items():
         try:
+            # Every set once first: what a mode builds lazily per set (a user-path mode's forward
+            # graph) must not land in a warm-up call that is timed for the host lead, nor in the
+            # first timed burst (with fewer warm-ups than sets).
+            for s in sets:
+                fn(s)
+            torch.cuda.synchronize()
             host = []
             for i in range(max(warmup, 2)):
                 t0 = time.perf_counter()
@@ -466,9 +472,12 @@ def summary(rows: list[Row], modes: list[str], anchor: str = "torch_cudnn") -> d
 
 def paired_ratios(rows: list[Row]) -> dict[str, dict[str, float]]:
     """The ratios the targets are stated in, over the rows that have both modes (time ratios,
-    > 1 means the first mode is faster): det(auto) / non-det, det(auto) / det(fa3 order), the
-    path users call vs the kernel alone, and det(auto) against the faster of FA3's and FA4's
-    deterministic backward when they ran."""
+    > 1 means the first mode is faster): det(auto) / non-det and non-det against the faster of
+    FA3's and FA4's non-deterministic backward, both through the path users call (the
+    headline) and for the kernels alone; det(auto) / det(fa3 order) (kernels: the fa3 order has
+    no user-path mode); the path users call vs the kernel alone; det(auto) against the faster
+    of FA3's and FA4's deterministic backward when they ran (FA3 and FA4 are always timed
+    through their own forward + torch.autograd.grad, the path their users call)."""
     def pair(fast: str, slow_of: tuple[str, ...]) -> Optional[dict[str, float]]:
         vals = []
         for r in rows:
@@ -478,6 +487,8 @@ def paired_ratios(rows: list[Row]) -> dict[str, dict[str, float]]:
         return {"geomean": geomean(vals), "worst": min(vals), "rows": len(vals)} if vals else None
 
     out = {
+        "user path det(auto) / user path non-det": pair("user_dash_auto_det", ("user_dash_nondet",)),
+        "user path non-det / faster of FA3, FA4 non-det": pair("user_dash_nondet", ("fa3_nondet", "fa4_nondet")),
         "dash det(auto) / dash non-det": pair("dash_auto_det", ("dash_nondet",)),
         "dash det(auto) / dash det(fa3)": pair("dash_auto_det", ("dash_fa3_det",)),
         "user path det(auto) / kernel det(auto)": pair("user_dash_auto_det", ("dash_auto_det",)),
@@ -540,6 +551,28 @@ def rows_from_results(payload: dict) -> list[Row]:
     return rows
 
 
+def anchor_versions() -> dict:
+    """Which upstream FA3 and FA4 the run measured, when imported: FA4's distribution version;
+    FA3's interface file's sha256 (it is built from a source tree, not installed) and the
+    commit that tree came from when the caller names it in DASH_ANCHOR_FA3_COMMIT."""
+    import hashlib
+    import importlib.metadata
+    import os
+    import sys
+
+    out = {}
+    fa3 = sys.modules.get("flash_attn_interface")
+    if fa3 is not None and getattr(fa3, "__file__", None):
+        out["fa3"] = {"interface_sha256": hashlib.sha256(Path(fa3.__file__).read_bytes()).hexdigest()[:16],
+                      "commit": os.environ.get("DASH_ANCHOR_FA3_COMMIT")}
+    if "flash_attn.cute" in sys.modules:
+        try:
+            out["fa4"] = {"version": importlib.metadata.version("flash-attn-4")}
+        except importlib.metadata.PackageNotFoundError:
+            out["fa4"] = {"version": None}
+    return out
+
+
 def environment() -> dict:
     """The machine, the versions and the code of a run. ``commit`` is the kernels' (what the build
     recorded), ``checkout_head`` the checkout's HEAD; neither says whether the Python code was
@@ -565,6 +598,7 @@ def environment() -> dict:
         "checkout_head": head,
         **code_identity(),
         "build": manifest(),
+        "anchors": anchor_versions(),
         "round_orders": ROUND_ORDERS,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "host": platform.node(),
@@ -586,10 +620,25 @@ def rows_payload(rows: list[Row]) -> list[dict]:
     ]
 
 
+def round_coverage(n_modes: int, rounds: Optional[int]) -> dict:
+    """How much of round_orders' balance a run of ``rounds`` rounds over ``n_modes`` modes got:
+    the orders of a full cycle, how many cycles ran, and how many of the n(n-1) ordered
+    neighbour pairs and of the modes opening a round occurred (all of them over whole cycles)."""
+    orders = round_orders(n_modes)
+    if not orders or not rounds:
+        return {"modes": n_modes, "rounds": rounds}
+    ran = [orders[i % len(orders)] for i in range(rounds)]
+    pairs = {(o[j], o[j + 1]) for o in ran for j in range(len(o) - 1)}
+    return {"modes": n_modes, "rounds": rounds, "orders_per_cycle": len(orders),
+            "whole_cycles": rounds // len(orders), "neighbour_pairs_seen": len(pairs),
+            "neighbour_pairs": n_modes * (n_modes - 1), "modes_opening_a_round": len({o[0] for o in ran})}
+
+
 def results_payload(rows: list[Row], modes: list[str], meta: dict) -> dict:
     # These rows are backward timings: say so, for readers (python -m dash plot) of other kinds' files.
+    n_modes = max((len(r.ms) for r in rows), default=len(modes))  # a row's timed modes share its rounds
     return {
-        "meta": {"kind": "bwd", **meta},
+        "meta": {"kind": "bwd", "round_coverage": round_coverage(n_modes, meta.get("iters")), **meta},
         "environment": environment(),
         "summary": summary(rows, modes),
         "rows": rows_payload(rows),

@@ -109,6 +109,52 @@ def test_environment_records_the_code(monkeypatch):
     assert {"commit", "checkout_head", "checkout_describe", "code_sha256", "code_sha256_of"} <= set(env)
     assert env["code_sha256"] == _bench.code_identity()["code_sha256"]
     assert env["round_orders"] == "williams"  # which timer ordering produced the file
+    assert "anchors" in env  # FA3 / FA4 identities when they were imported ({} here)
+
+
+def test_round_coverage_counts_what_a_run_got():
+    """A run shorter than a cycle of round_orders is recorded as such (ordered neighbour pairs
+    and round openers seen); whole cycles see every pair."""
+    short = bench.round_coverage(14, 12)
+    assert short["whole_cycles"] == 0 and short["modes_opening_a_round"] == 12
+    assert short["neighbour_pairs_seen"] < short["neighbour_pairs"] == 14 * 13
+    for n, rounds in ((14, 14), (15, 30), (7, 28)):
+        full = bench.round_coverage(n, rounds)
+        assert full["neighbour_pairs_seen"] == full["neighbour_pairs"] == n * (n - 1), (n, rounds)
+        assert full["modes_opening_a_round"] == n and full["whole_cycles"] == rounds // full["orders_per_cycle"]
+
+
+def test_warmup_builds_every_input_sets_state_before_timing(monkeypatch):
+    """A mode's per-set state (a user-path forward graph) is built in an untimed pass over all
+    sets, so that no timed burst pays for it even with fewer warm-ups than sets."""
+    built_when = {}
+    timing = []
+
+    class Event:
+        def __init__(self, **_):
+            pass
+
+        def record(self):
+            timing.append(True)
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, other):
+            return 1.0
+
+    monkeypatch.setattr(bench.torch.cuda, "Event", Event)
+    monkeypatch.setattr(bench.torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(bench.torch.cuda, "_sleep", lambda cycles: None)
+
+    def fn(s):
+        if "graph" not in s:
+            s["graph"] = True
+            built_when[s["i"]] = len(timing)
+
+    sets = [{"i": i} for i in range(3)]
+    bench.cuda_time_ms_interleaved({"user": fn}, sets, warmup=0, iters=4, burst=3)
+    assert built_when == {0: 0, 1: 0, 2: 0}
 
 
 # ---------------------------------------------------------------------------------------
@@ -363,7 +409,7 @@ def test_interleaved_timer_runs_each_mode_once_per_round_in_round_orders(monkeyp
     warmup, iters, burst = 2, 13, 3  # 13 rounds: past the 10 orders of a cycle, so it wraps around
     ms = bench.cuda_time_ms_interleaved(fns, [{}], warmup, iters, burst=burst)
     assert ms == {name: 1.0 / burst for name in names}
-    timed = calls[warmup * len(names):]
+    timed = calls[(1 + warmup) * len(names):]  # each mode once per input set (one), then its warm-ups
     rounds = [timed[i:i + burst * len(names)][::burst] for i in range(0, len(timed), burst * len(names))]
     orders = bench.round_orders(len(names))
     assert rounds == [[names[j] for j in orders[i % len(orders)]] for i in range(iters)]
@@ -375,15 +421,32 @@ def test_interleaved_timer_runs_each_mode_once_per_round_in_round_orders(monkeyp
 
     def flaky(s, seen=[]):
         seen.append(1)
-        if len(seen) > 2 + 2 * burst:  # the warm-ups and two rounds' bursts succeed
+        if len(seen) > 3 + 2 * burst:  # the set pass, the warm-ups and two rounds' bursts succeed
             raise RuntimeError("out of memory")
         calls.append("c")
 
     fns["c"] = flaky
     ms = bench.cuda_time_ms_interleaved(fns, [{}], warmup, iters, errors=errors, burst=burst)
     assert set(ms) == set(names) - {"c"} and errors == {"c": "RuntimeError: out of memory"}
-    timed = calls[warmup * len(names):]
+    timed = calls[(1 + warmup) * len(names):]
     expected = []
     for i in range(iters):
         expected += [n for n in (names[j] for j in orders[i % len(orders)]) if n != "c" or i < 2]
     assert [timed[i] for i in range(0, len(timed), burst)] == expected
+
+
+@needs_checkout
+@pytest.mark.parametrize("flag, name", [
+    ("", "2026-12-06-NVIDIA-H100-80GB-HBM3-bwd-fa3-fa4-eac6de6.json"),
+    ("", "2026-12-04-NVIDIA-H200-bwd-user-fa3-fa4-dq2-641ef6f.json"),
+    ("--fwd", "2026-12-05-NVIDIA-H200-fwd-fa3-fa4-dd9c262.json"),
+    ("--e2e", "2026-12-01-NVIDIA-H200-e2e-c75b47a.json"),
+])
+def test_readme_tables_are_the_generated_ones(flag, name):
+    """Each performance table in README.md is readme_table.py's output for the results file it
+    cites, verbatim: a hand-edited or stale table fails here."""
+    rt = _readme_table()
+    make = {"": rt.table, "--fwd": rt.fwd_table, "--e2e": rt.e2e_table}[flag]
+    readme = (ROOT / "README.md").read_text()
+    assert name in readme, f"README.md no longer cites {name}: update this test's list"
+    assert make(RESULTS / name) in readme, f"README.md's table from {name} differs from readme_table.py {flag}"

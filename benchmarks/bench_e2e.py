@@ -861,10 +861,18 @@ def _error_text(e: BaseException) -> str:
 
 def run_case(case: Case, backends: list[str], args: argparse.Namespace, log: Callable[[str], None],
              device: str = "cuda", make_attention: Callable[[str, str], Callable] = attention_fn,
-             probe_gqa: Optional[Callable[[str, Case], tuple]] = None) -> dict:
+             probe_gqa: Optional[Callable[[str, Case], tuple]] = None, order_index: Optional[int] = None) -> dict:
     """Every backend on one case; the case's record for the results file. (``device``,
-    ``make_attention`` and ``probe_gqa`` let the CPU tests run this with stand-ins.)"""
+    ``make_attention`` and ``probe_gqa`` let the CPU tests run this with stand-ins.)
+
+    The backends run one after another (each a whole training run), in the order
+    ``dash.bench.round_orders`` gives case ``order_index`` (None: as listed), so that over the
+    cases each backend opens and follows every other about equally often instead of always
+    holding one place (a run's clock depends on the power drawn before it). The order is
+    recorded (``backend_order``)."""
     import torch
+
+    from dash.bench import in_round_order
 
     cuda = torch.device(device).type == "cuda"
     probe_gqa = probe_gqa or (lambda b, c: choose_sdpa_gqa(b, c, device))
@@ -872,9 +880,11 @@ def run_case(case: Case, backends: list[str], args: argparse.Namespace, log: Cal
     rec: dict[str, Any] = {"label": case.label(), "case": asdict(case), "tokens": case.tokens,
                            "params": case.shape.params_per_layer() * case.layers + case.shape.hidden,
                            "step_flops": case.step_flops(), "attention_flops": case.attention_flops(),
-                           "backends": {}, "determinism": {}}
+                           "backends": {b: {} for b in backends}, "determinism": {}}
+    order = list(backends) if order_index is None else in_round_order(list(backends), order_index)
+    rec["backend_order"] = order
     batches = make_batches(case, min(4, args.warmup + args.steps), args.seed, device)
-    for b in backends:
+    for b in order:
         # SDPA's way of taking the grouped kv heads is found per case below; the others take them as they are.
         entry: dict[str, Any] = {"gqa": None if b.startswith("torch_") else "native"}
         rec["backends"][b] = entry
@@ -1006,10 +1016,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"  skipped {b}: {why}")
     t0 = time.time()
     records = []
-    for case in cases:
+    for i, case in enumerate(cases):
         print(f"{case.label()}  ({case.tokens} tokens/step, "
               f"{(case.shape.params_per_layer() * case.layers) / 1e6:.0f}M parameters)", flush=True)
-        records.append(run_case(case, backends, args, lambda s: print(s, flush=True)))
+        records.append(run_case(case, backends, args, lambda s: print(s, flush=True), order_index=i))
     payload = assemble(records, backends, args, env, skipped, sys.argv[1:] if argv is None else list(argv),
                        time.time() - t0)
     path = write_results(payload, results_path(args.out, env["device"], env["date"]))

@@ -380,6 +380,27 @@ def test_run_case_on_cpu(tiny_model):
     assert "fa3_det: DIFFERENT: " in be.format_table(payload)
 
 
+def test_run_case_runs_backends_in_the_case_s_round_order(tiny_model):
+    """Over the cases, the backends' places rotate (dash.bench.round_orders: case i's order),
+    the order is recorded, and the record lists the backends as given whatever order ran."""
+    from dash.bench import in_round_order
+
+    args = argparse.Namespace(steps=1, warmup=0, seed=0, lr=1e-3)
+    names = ["dash_det", "dash_nondet", "fa3_nondet"]
+    for i in range(3):
+        ran = []
+
+        def make(b, gqa, ran=ran):
+            ran.append(b)
+            return reference_attention
+
+        rec = be.run_case(tiny_model, names, args, lambda s: None, device="cpu", make_attention=make, order_index=i)
+        assert ran == rec["backend_order"] == in_round_order(names, i)
+        assert list(rec["backends"]) == names
+    assert be.run_case(tiny_model, names, args, lambda s: None, device="cpu",
+                       make_attention=lambda b, g: reference_attention)["backend_order"] == names
+
+
 def test_run_case_with_the_real_sdpa_backends_on_cpu(tiny_model):
     """torch_flash and torch_flash_det as the script builds them (sdpa_kernel(FLASH_ATTENTION),
     the GQA probe, torch.use_deterministic_algorithms around the run), on CPU: PyTorch's CPU

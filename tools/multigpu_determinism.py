@@ -56,6 +56,28 @@ def _load_train_module():
 tm = _load_train_module()
 
 
+def machine() -> dict:
+    """What the runs ran on and with: the GPUs' names (not just the device kind) and DASH's
+    build and code (``dash._bench.code_identity``), for the summary file."""
+    out: dict = {"gpus": None, "commit": None}
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            out["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    except Exception as e:  # the summary must still be written
+        out["gpus_error"] = f"{type(e).__name__}: {e}"
+    try:
+        from dash._bench import code_identity
+        from dash._ext import manifest
+
+        out["commit"] = manifest().get("git_commit")
+        out.update(code_identity())
+    except Exception as e:
+        out["code_error"] = f"{type(e).__name__}: {e}"
+    return out
+
+
 @dataclass(frozen=True)
 class Run:
     """One torchrun of train_multigpu.py."""
@@ -275,6 +297,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     summary = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "argv": sys.argv[1:] if argv is None else list(argv), "nproc": args.nproc, "device": args.device,
+        "machine": machine(),
         "env": {k: env.get(k) for k in tm.RECORDED_ENV}, "status": status,
         "pairs": [{"label": p.label, "required": p.required, "runs": [r.name for r in p.runs],
                    "identical": p.identical, "differences": p.differences, "problems": p.problems, "error": p.error}

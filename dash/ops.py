@@ -226,8 +226,11 @@ if _ext.kernels_available():  # the C++ schemas exist only when dash._C loaded
     def _bwd_trace_fake(dout, q, k, v, out, softmax_lse, softmax_scale, causal, deterministic, schedule, sm_margin):
         from dash.schedules import Problem, tile_problem
 
-        p = Problem(q.shape[0], q.shape[2], q.shape[1], k.shape[1], head_dim=q.shape[3], heads_kv=k.shape[2],
-                    causal=causal)
+        # The step count sizes the trace: the model needs the sizes' values (symbolic under
+        # dynamic shapes), so the graph is specialised on them as for auto's choice.
+        batch, seqlen_q, heads, head_dim = (_specialized_int(x) for x in q.shape)
+        seqlen_k, heads_kv = _specialized_int(k.shape[1]), _specialized_int(k.shape[2])
+        p = Problem(batch, heads, seqlen_q, seqlen_k, head_dim=head_dim, heads_kv=heads_kv, causal=causal)
         steps = tile_problem(p).total_steps  # over all batches and heads
         return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
                 q.new_empty((steps, 8), dtype=torch.int64))

@@ -34,7 +34,12 @@ def test_joined_halves_give_the_whole_grids_ratios_and_order():
     whole, a, b = _halves()
     merged = _tool().merge([a, b], ["a.json", "b.json"])
     assert [r["shape"] for r in merged["rows"]] == [r["shape"] for r in whole["rows"]]
-    assert merged["ratios"].keys() == whole["ratios"].keys()
+    # The ratios are recomputed with today's paired_ratios (which may name more pairs than the
+    # file's run did); the file's own pairs must come out the same.
+    from dash import bench as bench_now
+
+    assert merged["ratios"].keys() == bench_now.paired_ratios(bench_now.rows_from_results(whole)).keys()
+    assert whole["ratios"].keys() <= merged["ratios"].keys()
     for name, r in whole["ratios"].items():
         assert merged["ratios"][name]["geomean"] == pytest.approx(r["geomean"], rel=1e-12)
         assert merged["ratios"][name]["worst"] == pytest.approx(r["worst"], rel=1e-12)

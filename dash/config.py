@@ -291,10 +291,10 @@ class FwdTileConfig:
     # which ptxas cannot move above it; ptx.h, wgmma_wait_all_after), and the rest interleave
     # with the P conversions behind it, FA4's shape. tools/check_kernels.py --sass checks that
     # at least n exponentials precede the loop's wait. Same bits (only the order of issue moves).
-    # Off in the table: built and SASS-checked (hdim 64 with 16: 18 of 66 exponentials before the
-    # wait, 5 instructions more per block, 0 spills; docs/kernel-notes.md, forty-fifth pass), not
-    # yet timed on a GPU; FA4's hdim-64 forward, which waits after about 10, spends 6 % fewer
-    # stall samples in the same loop.
+    # Off in the table: measured slower. On an H100 (2026-12-07, hdim 64, 4k and 16k, both masks,
+    # same bits) the wait after 16 exponentials ran 0.941-0.975 of main's speed (geomean 0.956),
+    # after 8 (FA4's shape) 0.938-0.967 (0.950), worst at 16k, the rows it was meant to help
+    # (docs/kernel-notes.md, forty-fifth and forty-sixth passes).
     pv_wait_after_exp2: int | None = None
     note: str = ""
 

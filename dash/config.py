@@ -361,26 +361,25 @@ PREPROCESS_THREADS = 256
 H100_SMEM_LIMIT_BYTES = 227 * 1024
 
 
-def bwd_tile_config(head_dim: int, causal: bool) -> BwdTileConfig:
-    """Return the configuration for ``head_dim`` and mask; raise a clear error otherwise."""
-    for cfg in BWD_TILE_CONFIGS:
+def _table_row(configs, head_dim: int, causal: bool, kernel: str):
+    """The row of ``configs`` for ``head_dim`` and mask; a clear error naming ``kernel`` otherwise."""
+    for cfg in configs:
         if cfg.head_dim == head_dim and cfg.causal == bool(causal):
             return cfg
     supported = ", ".join(str(d) for d in SUPPORTED_HEAD_DIMS)
     raise NotImplementedError(
-        f"head_dim={head_dim} is not supported yet by DASH's backward; supported head dims: {supported}"
+        f"head_dim={head_dim} is not supported yet by DASH's {kernel}; supported head dims: {supported}"
     )
+
+
+def bwd_tile_config(head_dim: int, causal: bool) -> BwdTileConfig:
+    """Return the configuration for ``head_dim`` and mask; raise a clear error otherwise."""
+    return _table_row(BWD_TILE_CONFIGS, head_dim, causal, "backward")
 
 
 def fwd_tile_config(head_dim: int, causal: bool) -> FwdTileConfig:
     """The forward table's row for ``head_dim`` and mask; raise a clear error otherwise."""
-    for cfg in FWD_TILE_CONFIGS:
-        if cfg.head_dim == head_dim and cfg.causal == bool(causal):
-            return cfg
-    supported = ", ".join(str(d) for d in SUPPORTED_HEAD_DIMS)
-    raise NotImplementedError(
-        f"head_dim={head_dim} is not supported yet by DASH's forward; supported head dims: {supported}"
-    )
+    return _table_row(FWD_TILE_CONFIGS, head_dim, causal, "forward")
 
 
 def shift_lanes(seqlen_q: int, seqlen_k: int, head_dim: int, ctas: int) -> tuple[int, int]:

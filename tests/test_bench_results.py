@@ -129,23 +129,7 @@ def test_warmup_builds_every_input_sets_state_before_timing(monkeypatch):
     sets, so that no timed burst pays for it even with fewer warm-ups than sets."""
     built_when = {}
     timing = []
-
-    class Event:
-        def __init__(self, **_):
-            pass
-
-        def record(self):
-            timing.append(True)
-
-        def synchronize(self):
-            pass
-
-        def elapsed_time(self, other):
-            return 1.0
-
-    monkeypatch.setattr(bench.torch.cuda, "Event", Event)
-    monkeypatch.setattr(bench.torch.cuda, "synchronize", lambda: None)
-    monkeypatch.setattr(bench.torch.cuda, "_sleep", lambda cycles: None)
+    _fake_cuda_timing(monkeypatch, on_record=lambda: timing.append(True))
 
     def fn(s):
         if "graph" not in s:
@@ -383,17 +367,16 @@ def test_round_orders_balance_first_places_and_neighbours(n):
     assert len(set(follows.values())) <= 1
 
 
-def test_interleaved_timer_runs_each_mode_once_per_round_in_round_orders(monkeypatch):
-    """cuda_time_ms_interleaved's rounds follow round_orders (checked without a GPU: the CUDA
-    calls are replaced by stand-ins that record the order of the calls)."""
-    calls = []
+def _fake_cuda_timing(monkeypatch, on_record=lambda: None) -> None:
+    """cuda_time_ms_interleaved's CUDA calls replaced by stand-ins (no GPU): every event pair
+    measures 1 ms, ``on_record`` runs at each event record."""
 
     class Event:
         def __init__(self, **_):
             pass
 
         def record(self):
-            pass
+            on_record()
 
         def synchronize(self):
             pass
@@ -404,6 +387,13 @@ def test_interleaved_timer_runs_each_mode_once_per_round_in_round_orders(monkeyp
     monkeypatch.setattr(bench.torch.cuda, "Event", Event)
     monkeypatch.setattr(bench.torch.cuda, "synchronize", lambda: None)
     monkeypatch.setattr(bench.torch.cuda, "_sleep", lambda cycles: None)
+
+
+def test_interleaved_timer_runs_each_mode_once_per_round_in_round_orders(monkeypatch):
+    """cuda_time_ms_interleaved's rounds follow round_orders (checked without a GPU: the CUDA
+    calls are replaced by stand-ins that record the order of the calls)."""
+    calls = []
+    _fake_cuda_timing(monkeypatch)
     names = ["a", "b", "c", "d", "e"]
     fns = {name: (lambda s, name=name: calls.append(name)) for name in names}
     warmup, iters, burst = 2, 13, 3  # 13 rounds: past the 10 orders of a cycle, so it wraps around

@@ -27,23 +27,24 @@ same kernels after ``pip install --no-build-isolation .`` (setup.py places them 
 from __future__ import annotations
 
 import os
-import zlib
+import sys
 
 import pytest
 
-# One salt per session, shared by every module that reads DASH_TEST_SALT at import (the GPU
-# tests' _seed helpers): fixed here, before they are imported, unless the caller set it.
+# One salt per session, shared by every module that reads DASH_TEST_SALT at import
+# (tests/seeding.py): fixed here, before any of them is imported, unless the caller set it.
 os.environ.setdefault("DASH_TEST_SALT", str(int.from_bytes(os.urandom(2), "little")))
 TEST_SALT = int(os.environ["DASH_TEST_SALT"])
+
+# The test modules share tests/seeding.py; importlib mode (pyproject.toml) leaves sys.path alone,
+# so this folder goes on it here, before they are imported. (Nothing in it is named like a
+# package the tests import, so the installed dash is still the one imported.)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from seeding import seed_of
 
 
 def pytest_report_header(config):
     return f"DASH_TEST_SALT={TEST_SALT} (set it to rerun a failure on the same random draws)"
-
-
-def salted_seed(*parts) -> int:
-    """A seed from ``parts`` and the session's salt (crc32: hash() of a str changes per process)."""
-    return (zlib.crc32(repr(parts).encode()) + TEST_SALT) % 2**31
 
 
 @pytest.fixture(autouse=True)
@@ -54,7 +55,7 @@ def _seed_global_generators(request):
         import torch
     except ImportError:
         return
-    torch.manual_seed(salted_seed(request.node.nodeid))
+    torch.manual_seed(seed_of(request.node.nodeid))
 
 _GPU_STATE: tuple[str, str | None] | None = None  # ("skip" | "fail" | "run", reason)
 
@@ -124,9 +125,10 @@ def cpu_as_sm90(monkeypatch):
     """CPU tensors validated as on an sm_90 device (only the device checks are patched), with
     the ops that dash.api's and dash.flash_attn_interface's entry points launch replaced by
     recorders: yields the list of calls, each a dict of the op's arguments by name."""
+    import torch
+
     from dash import _ext, api, validation
     from dash import flash_attn_interface as fai
-    import torch
 
     monkeypatch.setattr(validation, "check_cuda_devices", lambda q, k, v: None)
     monkeypatch.setattr(validation, "cuda_device_info", lambda index: ((9, 0), 132))

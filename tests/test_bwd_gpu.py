@@ -11,12 +11,11 @@ to get the same inputs.
 from __future__ import annotations
 
 import inspect
-import os
 import re
-import zlib
 
 import pytest
 import torch
+from seeding import seed_of, seed_tag  # tests/seeding.py (conftest.py puts tests/ on sys.path)
 
 from dash import reference
 from dash.api import attention_backward, flash_attn_func
@@ -56,20 +55,6 @@ def _check_against_reference(q, k, v, dout, out, lse, causal, grads, label):
         reference.assert_within_bound_blocks(g, h, l, f"{label} {name}", rows)
 
 
-# Fresh inputs on every run (one fixed draw would be tested forever), reproducible from a failure: a
-# seed is crc32 of its parts (hash() of a str changes per process) plus SALT, and every failure
-# message names the seed and the salt (_tag).
-SALT = int(os.environ.get("DASH_TEST_SALT") or int.from_bytes(os.urandom(2), "little"))
-
-
-def _seed(*parts) -> int:
-    return (zlib.crc32(repr(parts).encode()) + SALT) % 2**31
-
-
-def _tag(seed: int) -> str:
-    return f"seed={seed} (DASH_TEST_SALT={SALT})"
-
-
 def _sms() -> int:
     return torch.cuda.get_device_properties(0).multi_processor_count
 
@@ -85,23 +70,23 @@ DTYPE_SEQLENS = [("bf16", s) for s in SEQLEN_PAIRS] + [("fp16", s) for s in [(11
 def test_backward_matches_reference(seqlens, deterministic, causal, head_dim, dtype):
     seqlen_q, seqlen_k = seqlens
     batch, heads = (1, 2) if seqlen_q * seqlen_k > 10**6 else (2, 3)
-    seed = _seed(seqlens, causal, head_dim, dtype)
+    seed = seed_of(seqlens, causal, head_dim, dtype)
     q, k, v, dout = _inputs(batch, seqlen_q, seqlen_k, heads, heads, head_dim, DTYPES[dtype], seed)
     out, lse = _forward(q, k, v, causal)
     grads = attention_backward(dout, q, k, v, out, lse, causal=causal, deterministic=deterministic)
     _check_against_reference(q, k, v, dout, out, lse, causal, grads,
-                             f"{seqlens} causal={causal} d={head_dim} {dtype} det={deterministic} {_tag(seed)}")
+                             f"{seqlens} causal={causal} d={head_dim} {dtype} det={deterministic} {seed_tag(seed)}")
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_one_head_one_batch_and_gqa(head_dim):
     for heads, heads_k, causal in [(1, 1, False), (1, 1, True), (8, 2, True), (6, 1, False)]:
-        seed = _seed(heads, heads_k, causal, head_dim)
+        seed = seed_of(heads, heads_k, causal, head_dim)
         q, k, v, dout = _inputs(1, 300, 333, heads, heads_k, head_dim, torch.bfloat16, seed)
         out, lse = _forward(q, k, v, causal)
         grads = attention_backward(dout, q, k, v, out, lse, causal=causal, deterministic=True)
         _check_against_reference(q, k, v, dout, out, lse, causal, grads,
-                                 f"H={heads} Hk={heads_k} causal={causal} d={head_dim} {_tag(seed)}")
+                                 f"H={heads} Hk={heads_k} causal={causal} d={head_dim} {seed_tag(seed)}")
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])
@@ -118,11 +103,11 @@ def test_every_output_element_written(seqlens, causal, head_dim, heads, heads_k,
     group's last query head (two dK/dV chains before it)."""
     monkeypatch.setenv("DASH_POISON_OUTPUTS", "1")
     sq, sk = seqlens
-    seed = _seed("poison", seqlens, causal, head_dim, heads, heads_k)
+    seed = seed_of("poison", seqlens, causal, head_dim, heads, heads_k)
     q, k, v, dout = _inputs(2, sq, sk, heads, heads_k, head_dim, torch.bfloat16, seed)
     out, lse = _forward(q, k, v, causal)
     for deterministic in (False, True):
-        label = f"{seqlens} causal={causal} d={head_dim} det={deterministic} {_tag(seed)}"
+        label = f"{seqlens} causal={causal} d={head_dim} det={deterministic} {seed_tag(seed)}"
         dq, dk, dv = attention_backward(dout, q, k, v, out, lse, causal=causal, deterministic=deterministic)
         for name, g in (("dq", dq), ("dk", dk), ("dv", dv)):
             assert torch.isfinite(g).all(), f"{label}: {name} has unwritten (NaN) elements"
@@ -159,18 +144,18 @@ def _bitwise_repeats(q, k, v, dout, out, lse, causal, repeats, label, side_strea
 @pytest.mark.parametrize("causal", [False, True])
 def test_deterministic_bitwise_100_repeats(shape, causal):
     batch, seqlen, heads, head_dim = shape
-    seed = _seed("det", shape, causal)
+    seed = seed_of("det", shape, causal)
     q, k, v, dout = _inputs(batch, seqlen, seqlen, heads, heads, head_dim, torch.bfloat16, seed)
     out, lse = _forward(q, k, v, causal)
-    _bitwise_repeats(q, k, v, dout, out, lse, causal, 100, f"{shape} causal={causal} {_tag(seed)}")
+    _bitwise_repeats(q, k, v, dout, out, lse, causal, 100, f"{shape} causal={causal} {seed_tag(seed)}")
 
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_deterministic_bitwise_with_busy_side_stream(causal):
-    seed = _seed("busy", causal)
+    seed = seed_of("busy", causal)
     q, k, v, dout = _inputs(1, 2048, 2048, 8, 8, 128, torch.bfloat16, seed)
     out, lse = _forward(q, k, v, causal)
-    _bitwise_repeats(q, k, v, dout, out, lse, causal, 100, f"busy side stream causal={causal} {_tag(seed)}",
+    _bitwise_repeats(q, k, v, dout, out, lse, causal, 100, f"busy side stream causal={causal} {seed_tag(seed)}",
                      side_stream_work=True)
 
 
@@ -178,10 +163,10 @@ def test_deterministic_bitwise_with_busy_side_stream(causal):
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 def test_deterministic_bitwise_1000_repeats(head_dim, causal):
-    seed = _seed("det1000", head_dim, causal)
+    seed = seed_of("det1000", head_dim, causal)
     q, k, v, dout = _inputs(4, 2048, 2048, 8, 8, head_dim, torch.bfloat16, seed)
     out, lse = _forward(q, k, v, causal)
-    _bitwise_repeats(q, k, v, dout, out, lse, causal, 1000, f"d={head_dim} causal={causal} {_tag(seed)}")
+    _bitwise_repeats(q, k, v, dout, out, lse, causal, 1000, f"d={head_dim} causal={causal} {seed_tag(seed)}")
 
 
 def test_deterministic_mode_really_orders_the_reduction():
@@ -198,8 +183,8 @@ def test_deterministic_mode_really_orders_the_reduction():
     once), 832 tiles of them (52 per head). Two runs whose add orders differ anywhere differ in the last fp32 bits of most of
     that tile's sums and, rounded to bf16, in about 2**-15 of the 8.4M dq elements (hundreds
     per run pair), so 30 runs that all equal the first mean the adds are ordered anyway."""
-    seed = _seed("nondet")
-    tag = _tag(seed)
+    seed = seed_of("nondet")
+    tag = seed_tag(seed)
     q, k, v, dout = _inputs(1, 4096, 4096, 16, 16, 128, torch.bfloat16, seed)
     out, lse = _forward(q, k, v, False)
     nondet = dict(deterministic=False, schedule="fa3")
@@ -214,7 +199,7 @@ def test_deterministic_mode_really_orders_the_reduction():
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_nondeterministic_agrees_with_deterministic(causal):
-    seed = _seed("agree", causal)
+    seed = seed_of("agree", causal)
     q, k, v, dout = _inputs(2, 2000, 2000, 4, 4, 128, torch.bfloat16, seed)
     out, lse = _forward(q, k, v, causal)
     det = attention_backward(dout, q, k, v, out, lse, causal=causal, deterministic=True)
@@ -224,7 +209,7 @@ def test_nondeterministic_agrees_with_deterministic(causal):
     for name, a, b, h, l in zip(("dq", "dk", "dv"), det, nondet, hi, lo):
         bound = reference.error_bound(h, l)
         diff = (a.double() - b.double()).abs().max().item()
-        assert diff <= bound, f"causal={causal} {_tag(seed)}: {name} det vs non-det {diff:.3e} > {bound:.3e}"
+        assert diff <= bound, f"causal={causal} {seed_tag(seed)}: {name} det vs non-det {diff:.3e} > {bound:.3e}"
 
 
 def _main_kernel_lse_early(fn) -> bool:
@@ -247,7 +232,7 @@ def test_lse_early_mainloop_runs_where_the_table_says(head_dim, causal, determin
     config table marks per mode (lse_early_nondet, lse_early_det), and its gradients agree with
     the float64 reference. It once caught a stale build object that ran that mainloop in a mode
     the table did not mark (docs/kernel-notes.md, eighteenth pass)."""
-    seed = _seed("lse-early", head_dim, causal, deterministic)
+    seed = seed_of("lse-early", head_dim, causal, deterministic)
     q, k, v, dout = _inputs(1, 1000, 1000, 2, 2, head_dim, torch.bfloat16, seed)
     out, lse = _forward(q, k, v, causal)
     grads = []
@@ -257,7 +242,7 @@ def test_lse_early_mainloop_runs_where_the_table_says(head_dim, causal, determin
     expected = cfg.lse_early_det if deterministic else cfg.lse_early_nondet
     assert early == expected, (f"hdim {head_dim} causal={causal} deterministic={deterministic}: kLseEarly "
                                f"mainloop {'ran' if early else 'did not run'}")
-    _check_against_reference(q, k, v, dout, out, lse, causal, grads, f"lse-early {_tag(seed)}")
+    _check_against_reference(q, k, v, dout, out, lse, causal, grads, f"lse-early {seed_tag(seed)}")
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -267,7 +252,7 @@ def test_sm_margin_and_fewer_ctas_same_result_per_grid(causal):
     every grid), whose bits do not depend on the grid, so results stay bitwise equal across
     margins. 4 x 8 heads x 32 columns of 128 keys = 1024 columns, more than any grid: each
     margin launches a grid of its own (132, 131, 99 and 1 CTAs on 132 SMs)."""
-    seed = _seed("margin", causal)
+    seed = seed_of("margin", causal)
     batch, seqlen, heads, head_dim = 4, 4096, 8, 64
     q, k, v, dout = _inputs(batch, seqlen, seqlen, heads, heads, head_dim, torch.bfloat16, seed)
     out, lse = _forward(q, k, v, causal)
@@ -280,7 +265,7 @@ def test_sm_margin_and_fewer_ctas_same_result_per_grid(causal):
     for margin in margins:
         got = attention_backward(dout, q, k, v, out, lse, causal=causal, deterministic=True, sm_margin=margin)
         for name, a, b in zip(("dq", "dk", "dv"), base, got):
-            assert torch.equal(a, b), f"causal={causal} {_tag(seed)}: sm_margin={margin} changed the bits of {name}"
+            assert torch.equal(a, b), f"causal={causal} {seed_tag(seed)}: sm_margin={margin} changed the bits of {name}"
 
 
 @pytest.mark.parametrize("deterministic", [False, True])
@@ -292,7 +277,7 @@ def test_work_queued_after_the_backward_sees_every_gradient(causal, heads_k, det
     grid). Work queued on the stream right after the backward (here clones of dq, dk, dv, and
     under GQA the binding's dK/dV casts) must still run after the main kernel's last dK/dV
     stores: each clone, taken with no synchronisation, equals the gradient read after one."""
-    seed = _seed("queued-after", causal, heads_k, deterministic)
+    seed = seed_of("queued-after", causal, heads_k, deterministic)
     q, k, v, dout = _inputs(2, 2048, 2048, 8, heads_k, 128, torch.bfloat16, seed)
     out, lse = _forward(q, k, v, causal)
     for rep in range(20):
@@ -301,17 +286,17 @@ def test_work_queued_after_the_backward_sees_every_gradient(causal, heads_k, det
         torch.cuda.synchronize()
         for name, g, c in zip(("dq", "dk", "dv"), grads, clones):
             assert torch.equal(g, c), (f"causal={causal} heads_k={heads_k} det={deterministic} rep {rep} "
-                                       f"{_tag(seed)}: {name} read right after the backward differs from after a sync")
+                                       f"{seed_tag(seed)}: {name} read right after the backward differs from after a sync")
 
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_flash_attn_func_end_to_end(causal):
-    seed = _seed("e2e", causal)
+    seed = seed_of("e2e", causal)
     q, k, v, dout = _inputs(2, 777, 777, 4, 2, 128, torch.bfloat16, seed)
     qs, ks, vs = (t.detach().requires_grad_() for t in (q, k, v))
     out, lse = flash_attn_func(qs, ks, vs, causal=causal, deterministic=True, return_attn_probs=True)
     out.backward(dout)
-    label = f"e2e causal={causal} {_tag(seed)}"
+    label = f"e2e causal={causal} {seed_tag(seed)}"
     ref_out, ref_lse = reference.attention_forward(q, k, v, causal=causal, compute_dtype=torch.float64)
     lo_out, _ = reference.attention_forward(q, k, v, causal=causal, compute_dtype=q.dtype)
     reference.assert_within_bound(out, ref_out, lo_out, f"{label} out")
@@ -326,7 +311,7 @@ def test_deterministic_follows_torch_global_flag(monkeypatch):
     PyTorch's non-determinism alert; with the flag off, None is False."""
     from dash import api
 
-    seed = _seed("flag")
+    seed = seed_of("flag")
     q, k, v, dout = _inputs(1, 256, 256, 2, 2, 64, torch.bfloat16, seed)
     out, lse = _forward(q, k, v, False)
     seen = []
@@ -354,14 +339,14 @@ def test_deterministic_follows_torch_global_flag(monkeypatch):
     # The deterministic kernel's bits, as asked for explicitly (same shape, same auto schedule).
     explicit = attention_backward(dout, q, k, v, out, lse, deterministic=True)
     for name, a, b in zip(("dq", "dk", "dv"), flag_grads, explicit):
-        assert torch.equal(a, b), f"{_tag(seed)}: {name} under the flag differs from deterministic=True"
+        assert torch.equal(a, b), f"{seed_tag(seed)}: {name} under the flag differs from deterministic=True"
     seen.clear()
     attention_backward(dout, q, k, v, out, lse)
     assert seen == [("run_backward", False)], seen
 
 
 def test_opcheck_ops():
-    q, k, v, dout = _inputs(1, 200, 300, 2, 2, 64, torch.bfloat16, _seed("opcheck"))
+    q, k, v, dout = _inputs(1, 200, 300, 2, 2, 64, torch.bfloat16, seed_of("opcheck"))
     out, lse = _forward(q, k, v, False)
     torch.library.opcheck(torch.ops.dash.bwd.default,
                           (dout, q, k, v, out, lse, 0.125, False, True, "fa3", 0))
@@ -369,7 +354,7 @@ def test_opcheck_ops():
 
 
 def test_torch_compile_fullgraph():
-    seed = _seed("compile")
+    seed = seed_of("compile")
     q, k, v, dout = _inputs(1, 512, 512, 2, 2, 128, torch.bfloat16, seed)
 
     def step(q, k, v):
@@ -380,13 +365,13 @@ def test_torch_compile_fullgraph():
     compiled(qs, k, v).backward(dout)
     q2 = q.detach().requires_grad_()
     step(q2, k, v).backward(dout)
-    assert torch.equal(qs.grad, q2.grad), f"{_tag(seed)}: compiled dq differs from eager"
+    assert torch.equal(qs.grad, q2.grad), f"{seed_tag(seed)}: compiled dq differs from eager"
 
 
 def test_window_equivalent_to_causal_runs_the_causal_kernel():
     """FA3's normalisation: window_size=(-1, 0) is the causal mask; results are bitwise the
     same as causal=True."""
-    seed = _seed("window")
+    seed = seed_of("window")
     q, k, v, dout = _inputs(1, 300, 500, 2, 2, 64, torch.bfloat16, seed)
     grads = []
     for kwargs in (dict(causal=True), dict(window_size=(-1, 0))):
@@ -394,7 +379,7 @@ def test_window_equivalent_to_causal_runs_the_causal_kernel():
         flash_attn_func(qs, ks, vs, deterministic=True, **kwargs).backward(dout)
         grads.append((qs.grad, ks.grad, vs.grad))
     for name, a, b in zip(("dq", "dk", "dv"), *grads):
-        assert torch.equal(a, b), f"{_tag(seed)}: {name} of window_size=(-1, 0) differs from causal=True"
+        assert torch.equal(a, b), f"{seed_tag(seed)}: {name} of window_size=(-1, 0) differs from causal=True"
 
 
 @pytest.mark.parametrize("heads_k", [2, 8], ids=["gqa_8_over_2", "mha_8"])
@@ -405,8 +390,8 @@ def test_dk_dv_keep_the_layout_of_k_and_v(heads_k):
     bitwise the gradients of contiguous k/v: eager and compiled calls on the permuted layout
     run the same kernel, so a stride bug would give both the same wrong bits; the contiguous
     call is the independent check (and is checked against the reference)."""
-    seed = _seed("kv-layout", heads_k)
-    tag = f"heads_k={heads_k} {_tag(seed)}"
+    seed = seed_of("kv-layout", heads_k)
+    tag = f"heads_k={heads_k} {seed_tag(seed)}"
     q, k, v, dout = _inputs(2, 384, 384, 8, heads_k, 64, torch.bfloat16, seed)
     k_bhsd = k.transpose(1, 2).contiguous().transpose(1, 2)  # (B, S, H, D) view of a (B, H, S, D) tensor
     v_bhsd = v.transpose(1, 2).contiguous().transpose(1, 2)
@@ -438,7 +423,7 @@ def test_gradient_at_a_misaligned_offset_is_accepted():
     """cat's backward hands the attention output's gradient over as a contiguous slice at an
     odd storage offset (not 16-byte aligned, which TMA needs): the op copies it and the
     gradients are bitwise those of an aligned gradient."""
-    seed = _seed("misaligned")
+    seed = seed_of("misaligned")
     q, k, v, dout = _inputs(1, 256, 256, 2, 2, 128, torch.bfloat16, seed)
     grads = []
     for pad in (3, 8):
@@ -449,13 +434,13 @@ def test_gradient_at_a_misaligned_offset_is_accepted():
         (flat.float() * weight.float()).sum().backward()
         grads.append((qs.grad, ks.grad, vs.grad))
     for name, a, b in zip(("dq", "dk", "dv"), *grads):
-        assert torch.equal(a, b), f"{_tag(seed)}: {name} at a misaligned gradient differs from an aligned one"
+        assert torch.equal(a, b), f"{seed_tag(seed)}: {name} at a misaligned gradient differs from an aligned one"
 
 
 def test_forward_op_refuses_a_schedule_its_backward_cannot_run():
     """dash::fwd carries the schedule for the backward it saves; a bad one is refused at the
     forward, before activations are kept for a backward that cannot run."""
-    q, k, v, _ = _inputs(1, 128, 128, 2, 2, 64, torch.bfloat16, _seed("fwd-schedule"))
+    q, k, v, _ = _inputs(1, 128, 128, 2, 2, 64, torch.bfloat16, seed_of("fwd-schedule"))
     with pytest.raises(NotImplementedError, match="bogus"):
         torch.ops.dash.fwd(q, k, v, 0.125, False, True, "bogus", 0)
     with pytest.raises(NotImplementedError, match="shift"):

@@ -19,23 +19,17 @@ import json
 import os
 import subprocess
 import sys
-import zlib
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-import dash  # noqa: E402
-from dash import api, fa3_alias, reference  # noqa: E402
-from dash import flash_attn_interface as fai  # noqa: E402
-from dash.flash_attn_interface import _flash_attn_backward, _flash_attn_forward  # noqa: E402
+from seeding import seed_of  # tests/seeding.py (conftest.py puts tests/ on sys.path)
 
-
-def _seed(*parts) -> int:
-    """A seed from parts and the session's DASH_TEST_SALT (tests/conftest.py sets and prints it):
-    fresh draws every session, the same draws when it is set to a failed run's."""
-    return (zlib.crc32(repr(parts).encode()) + int(os.environ.get("DASH_TEST_SALT", "0"))) % 2**31
-
+import dash
+from dash import api, fa3_alias, reference
+from dash import flash_attn_interface as fai
+from dash.flash_attn_interface import _flash_attn_backward, _flash_attn_forward
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(dash.__file__)))
 _ = inspect.Parameter.empty
@@ -460,7 +454,7 @@ def test_install_then_fa3_imports_are_dash(no_real_fa3):
     fa3_alias.uninstall_as_flash_attn_3()
     assert not any(name in sys.modules for name in fa3_alias.ALIAS_NAMES)
     with pytest.raises(ImportError):
-        import flash_attn_interface  # noqa: F401
+        import flash_attn_interface
 
 
 @pytest.mark.parametrize("as_package", [False, True], ids=["flash_attn_interface", "flash_attn_3"])
@@ -530,7 +524,7 @@ TE_SECTIONS = [(1024, 1024, True), (1024, 512, False), (512, 1024, False), (333,
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("seqlen_q, seqlen_k, causal", TE_SECTIONS)
 def test_te_style_forward_and_backward_match_reference(seqlen_q, seqlen_k, causal, head_dim):
-    gen = torch.Generator(device="cuda").manual_seed(_seed("te", seqlen_q, seqlen_k, head_dim, causal))
+    gen = torch.Generator(device="cuda").manual_seed(seed_of("te", seqlen_q, seqlen_k, head_dim, causal))
     heads, heads_kv = 4, 2
     q, k, v = (torch.randn(2, s, h, head_dim, device="cuda", dtype=torch.bfloat16, generator=gen)
                for s, h in ((seqlen_q, heads), (seqlen_k, heads_kv), (seqlen_k, heads_kv)))
@@ -567,7 +561,7 @@ def test_te_style_forward_and_backward_match_reference(seqlen_q, seqlen_k, causa
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True])
 def test_te_style_backward_is_bitwise_repeatable(causal):
-    gen = torch.Generator(device="cuda").manual_seed(_seed("te-repeat", causal))
+    gen = torch.Generator(device="cuda").manual_seed(seed_of("te-repeat", causal))
     q, k, v = (torch.randn(2, 1536, 8, 128, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(3))
     dout = torch.randn_like(q)
     scale = 128 ** -0.5
@@ -584,7 +578,7 @@ def test_te_style_backward_is_bitwise_repeatable(causal):
 @pytest.mark.gpu
 def test_backward_into_views_of_one_packed_gradient():
     """dq, dk, dv as views of one (B, S, 3, H, D) buffer, as a packed-QKV caller passes them."""
-    gen = torch.Generator(device="cuda").manual_seed(_seed("packed-grad"))
+    gen = torch.Generator(device="cuda").manual_seed(seed_of("packed-grad"))
     qkv = torch.randn(2, 300, 3, 4, 64, device="cuda", dtype=torch.bfloat16, generator=gen)
     q, k, v = qkv.unbind(dim=2)
     dout = torch.randn_like(q)
@@ -603,7 +597,7 @@ def test_backward_into_views_of_one_packed_gradient():
 def test_forward_writes_out_buffer_and_is_differentiable():
     """out_ receives the output (and is what is returned); with grad on, the forward's own
     autograd (deterministic under the global flag) gives the bits _flash_attn_backward gives."""
-    gen = torch.Generator(device="cuda").manual_seed(_seed("out-buffer"))
+    gen = torch.Generator(device="cuda").manual_seed(seed_of("out-buffer"))
     q, k, v = (torch.randn(1, 512, 4, 128, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(3))
     dout = torch.randn_like(q)
     out_ = torch.empty_like(q)

@@ -11,11 +11,9 @@ to get the same inputs.
 
 from __future__ import annotations
 
-import os
-import zlib
-
 import pytest
 import torch
+from seeding import seed_of, seed_tag  # tests/seeding.py (conftest.py puts tests/ on sys.path)
 
 from dash import reference
 from dash.api import flash_attn_func
@@ -24,20 +22,6 @@ pytestmark = pytest.mark.gpu
 
 SEQLEN_PAIRS = [(1, 1), (239, 1), (1, 239), (113, 203), (203, 113), (128, 128), (1000, 777), (777, 1000),
                 (4224, 4224)]
-
-
-# Fresh inputs on every run (one fixed draw would be tested forever), reproducible from a failure: a
-# seed is crc32 of its parts (hash() of a str changes per process) plus SALT, and every failure
-# message names the seed and the salt (_tag).
-SALT = int(os.environ.get("DASH_TEST_SALT") or int.from_bytes(os.urandom(2), "little"))
-
-
-def _seed(*parts) -> int:
-    return (zlib.crc32(repr(parts).encode()) + SALT) % 2**31
-
-
-def _tag(seed: int) -> str:
-    return f"seed={seed} (DASH_TEST_SALT={SALT})"
 
 
 def _inputs(batch, seqlen_q, seqlen_k, heads, heads_k, head_dim, dtype, seed):
@@ -72,10 +56,10 @@ def _check_forward(q, k, v, causal, out, lse, label):
 def test_forward_matches_reference(seqlens, causal, head_dim):
     seqlen_q, seqlen_k = seqlens
     batch, heads = (1, 2) if seqlen_q * seqlen_k > 10**6 else (2, 3)
-    seed = _seed("fwd", seqlens, causal, head_dim)
+    seed = seed_of("fwd", seqlens, causal, head_dim)
     q, k, v = _inputs(batch, seqlen_q, seqlen_k, heads, heads, head_dim, torch.bfloat16, seed)
     out, lse = _fwd_op(q, k, v, causal)
-    _check_forward(q, k, v, causal, out, lse, f"{seqlens} causal={causal} d={head_dim} {_tag(seed)}")
+    _check_forward(q, k, v, causal, out, lse, f"{seqlens} causal={causal} d={head_dim} {seed_tag(seed)}")
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])
@@ -84,10 +68,10 @@ def test_forward_matches_reference(seqlens, causal, head_dim):
 def test_forward_gqa_and_fp16(heads, causal, head_dim):
     hq, hk = heads
     for dtype in (torch.bfloat16, torch.float16):
-        seed = _seed("gqa", heads, causal, head_dim, str(dtype))
+        seed = seed_of("gqa", heads, causal, head_dim, str(dtype))
         q, k, v = _inputs(2, 333, 517, hq, hk, head_dim, dtype, seed)
         out, lse = _fwd_op(q, k, v, causal)
-        _check_forward(q, k, v, causal, out, lse, f"{hq}/{hk} causal={causal} d={head_dim} {dtype} {_tag(seed)}")
+        _check_forward(q, k, v, causal, out, lse, f"{hq}/{hk} causal={causal} d={head_dim} {dtype} {seed_tag(seed)}")
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])
@@ -102,7 +86,7 @@ def test_forward_rows_whose_max_keeps_rising(dtype, causal, head_dim):
     only when one of its rows raised its max) runs; elsewhere the exact running max is raised on
     most blocks. Both must meet the reference as random scores do, with the same bits every run."""
     seqlen = 2048
-    seed = _seed("rising-max", causal, head_dim, str(dtype))
+    seed = seed_of("rising-max", causal, head_dim, str(dtype))
     gen = torch.Generator(device="cuda").manual_seed(seed)
     q, k, v = _inputs(1, seqlen, seqlen, 2, 2, head_dim, dtype, seed)
     q, k = q.float() * 0.3, k.float() * 0.3
@@ -116,7 +100,7 @@ def test_forward_rows_whose_max_keeps_rising(dtype, causal, head_dim):
     out, lse = _fwd_op(q, k, v, causal, scale=1.0)
     hi_out, hi_lse = reference.attention_forward(q, k, v, 1.0, causal=causal, compute_dtype=torch.float64)
     lo_out, lo_lse = reference.attention_forward(q, k, v, 1.0, causal=causal, compute_dtype=q.dtype)
-    label = f"rising max causal={causal} d={head_dim} {dtype} {_tag(seed)}"
+    label = f"rising max causal={causal} d={head_dim} {dtype} {seed_tag(seed)}"
     reference.assert_within_bound(out, hi_out, lo_out, f"{label} out")
     reference.assert_within_bound(lse, hi_lse, lo_lse, f"{label} lse")
     again, again_lse = _fwd_op(q, k, v, causal, scale=1.0)
@@ -147,7 +131,7 @@ def test_forward_scores_far_from_the_max_subtracted_so_far(pattern, dtype, causa
     Each must meet the reference as random scores do, with the same bits on every run."""
     for seqlens in FAR_SCORE_SEQLENS:
         seqlen_q, seqlen_k = seqlens
-        seed = _seed("far-scores", pattern, seqlens, causal, head_dim, str(dtype))
+        seed = seed_of("far-scores", pattern, seqlens, causal, head_dim, str(dtype))
         gen = torch.Generator(device="cuda").manual_seed(seed)
         q, k, v = _inputs(1, seqlen_q, seqlen_k, 2, 2, head_dim, dtype, seed)
         q, k = q.float() * 0.15, k.float() * 0.15  # noise of ~0.2-0.3 units per score
@@ -167,7 +151,7 @@ def test_forward_scores_far_from_the_max_subtracted_so_far(pattern, dtype, causa
         out, lse = _fwd_op(q, k, v, causal, scale=1.0)
         hi_out, hi_lse = reference.attention_forward(q, k, v, 1.0, causal=causal, compute_dtype=torch.float64)
         lo_out, lo_lse = reference.attention_forward(q, k, v, 1.0, causal=causal, compute_dtype=q.dtype)
-        label = f"{pattern} {seqlens} causal={causal} d={head_dim} {dtype} {_tag(seed)}"
+        label = f"{pattern} {seqlens} causal={causal} d={head_dim} {dtype} {seed_tag(seed)}"
         assert torch.isfinite(out).all(), f"{label}: non-finite out"
         empty_rows = torch.isinf(hi_lse)
         assert torch.equal(torch.isneginf(lse), empty_rows), f"{label}: -inf LSE rows differ from the reference"
@@ -180,7 +164,7 @@ def test_forward_scores_far_from_the_max_subtracted_so_far(pattern, dtype, causa
 def test_forward_softmax_scale_and_strided_inputs():
     """A packed qkv gives q, k, v with a heads stride of 3 heads: the TMA descriptors take
     the strides as given (no copy); a non-default softmax_scale is honoured."""
-    gen = torch.Generator(device="cuda").manual_seed(_seed("strided"))
+    gen = torch.Generator(device="cuda").manual_seed(seed_of("strided"))
     qkv = torch.randn(2, 300, 3, 4, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
     q, k, v = qkv.unbind(2)
     out, lse = _fwd_op(q, k, v, True, scale=0.05)
@@ -196,11 +180,11 @@ def test_every_output_element_written(head_dim, causal, monkeypatch):
     """DASH_POISON_OUTPUTS=1 NaN-fills out and lse before the launch: none may survive."""
     monkeypatch.setenv("DASH_POISON_OUTPUTS", "1")
     for sq, sk in ((777, 1000), (1000, 777), (1, 300), (4224, 4224)):
-        seed = _seed("poison", sq, causal, head_dim)
+        seed = seed_of("poison", sq, causal, head_dim)
         q, k, v = _inputs(2, sq, sk, 3, 3, head_dim, torch.bfloat16, seed)
         out, lse = _fwd_op(q, k, v, causal)
         assert not torch.isnan(out).any() and not torch.isnan(lse).any(), (
-            f"unwritten output at {sq}x{sk} {_tag(seed)}")
+            f"unwritten output at {sq}x{sk} {seed_tag(seed)}")
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])
@@ -212,13 +196,13 @@ def test_forward_few_ctas_many_tiles(seqlens, causal, head_dim):
     seqlen_q > seqlen_k skips the tiles that see no key on both sides of its pipelines. Matches
     the reference, and the bits of the full grid."""
     seqlen_q, seqlen_k = seqlens
-    seed = _seed("few-ctas", seqlens, causal, head_dim)
+    seed = seed_of("few-ctas", seqlens, causal, head_dim)
     q, k, v = _inputs(2, seqlen_q, seqlen_k, 4, 2, head_dim, torch.bfloat16, seed)
     sms = torch.cuda.get_device_properties(q.device).multi_processor_count
     full_out, full_lse = _fwd_op(q, k, v, causal)
     for ctas in (1, 3):
         out, lse = _fwd_op(q, k, v, causal, sm_margin=sms - ctas)
-        label = f"{seqlens} causal={causal} d={head_dim} ctas={ctas} {_tag(seed)}"
+        label = f"{seqlens} causal={causal} d={head_dim} ctas={ctas} {seed_tag(seed)}"
         _check_forward(q, k, v, causal, out, lse, label)
         assert torch.equal(out, full_out) and torch.equal(lse, full_lse), f"{label}: bits differ from the full grid"
 
@@ -245,14 +229,14 @@ def test_forward_clusters_match_single_ctas(seqlens, head_dim):
     from dash import config
 
     seqlen_q, seqlen_k = seqlens
-    seed = _seed("clusters", seqlens, head_dim)
+    seed = seed_of("clusters", seqlens, head_dim)
     q, k, v = _inputs(2, seqlen_q, seqlen_k, 3, 3, head_dim, torch.bfloat16, seed)
     sms = torch.cuda.get_device_properties(q.device).multi_processor_count
     cfg = config.fwd_tile_config(head_dim, False)
     pairs = -(-seqlen_q // cfg.block_m) % 2 == 0
     base_out = base_lse = None
     for ctas in (1, 2, 5, sms):
-        label = f"{seqlens} d={head_dim} ctas={ctas} {_tag(seed)}"
+        label = f"{seqlens} d={head_dim} ctas={ctas} {seed_tag(seed)}"
         result = []
         names = _forward_kernel_names(lambda: result.append(_fwd_op(q, k, v, False, sm_margin=sms - ctas)))
         clustered = [n for n in names if ", 2>" in n]
@@ -266,22 +250,22 @@ def test_forward_clusters_match_single_ctas(seqlens, head_dim):
             assert torch.equal(out, base_out) and torch.equal(lse, base_lse), f"{label}: bits differ from one CTA's"
     for i in range(100):
         out, lse = _fwd_op(q, k, v, False, sm_margin=sms - 2)
-        assert torch.equal(out, base_out) and torch.equal(lse, base_lse), f"two CTAs, repeat {i}: bits differ {_tag(seed)}"
+        assert torch.equal(out, base_out) and torch.equal(lse, base_lse), f"two CTAs, repeat {i}: bits differ {seed_tag(seed)}"
 
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_forward_bits_independent_of_run_and_grid(causal):
-    seed = _seed("bits", causal)
+    seed = seed_of("bits", causal)
     q, k, v = _inputs(2, 2000, 2000, 8, 2, 128, torch.bfloat16, seed)
     sms = torch.cuda.get_device_properties(q.device).multi_processor_count
     base_out, base_lse = _fwd_op(q, k, v, causal)
     for i in range(100):
         out, lse = _fwd_op(q, k, v, causal, sm_margin=(0, 1, 33, sms - 1)[i % 4])
-        assert torch.equal(out, base_out) and torch.equal(lse, base_lse), f"repeat {i} changed the bits {_tag(seed)}"
+        assert torch.equal(out, base_out) and torch.equal(lse, base_lse), f"repeat {i} changed the bits {seed_tag(seed)}"
 
 
 def test_forward_opcheck():
-    q, k, v = _inputs(1, 200, 300, 4, 2, 64, torch.bfloat16, _seed("opcheck-fwd"))
+    q, k, v = _inputs(1, 200, 300, 4, 2, 64, torch.bfloat16, seed_of("opcheck-fwd"))
     torch.library.opcheck(torch.ops.dash.fwd.default, (q, k, v, 0.125, True, True, "fa3", 0))
 
 
@@ -319,7 +303,7 @@ def test_cuda_graph_capture_forward_backward(heads):
     """flash_attn_func + torch.autograd.grad captured in a CUDA graph and replayed on new
     values in the captured buffers: the same bits as eager calls on those values."""
     hq, hk = heads
-    seed = _seed("graph", heads)
+    seed = seed_of("graph", heads)
     q, k, v, = _inputs(2, 700, 700, hq, hk, 128, torch.bfloat16, seed)
     dout = torch.randn_like(q)
     static = [t.clone().requires_grad_() for t in (q, k, v)]
@@ -337,7 +321,7 @@ def test_cuda_graph_capture_forward_backward(heads):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         captured = step()
-    fresh = _inputs(2, 700, 700, hq, hk, 128, torch.bfloat16, _seed("graph2", heads))
+    fresh = _inputs(2, 700, 700, hq, hk, 128, torch.bfloat16, seed_of("graph2", heads))
     with torch.no_grad():
         for s, f in zip(static, fresh):
             s.copy_(f)
@@ -345,7 +329,7 @@ def test_cuda_graph_capture_forward_backward(heads):
     torch.cuda.synchronize()
     eager = step()
     for name, a, b in zip(("out", "dq", "dk", "dv"), captured, eager):
-        assert torch.equal(a, b), f"graph replay differs from eager in {name} {_tag(seed)}"
+        assert torch.equal(a, b), f"graph replay differs from eager in {name} {seed_tag(seed)}"
 
 
 def test_lse_is_a_constant_and_gradients_are_first_order():
@@ -355,18 +339,18 @@ def test_lse_is_a_constant_and_gradients_are_first_order():
     second differentiation through them raises instead of dropping attention's term."""
     from dash.ops import NOT_TWICE_DIFFERENTIABLE
 
-    seed = _seed("lse-grad")
+    seed = seed_of("lse-grad")
     q, k, v = (t.requires_grad_() for t in _inputs(1, 300, 300, 4, 2, 64, torch.bfloat16, seed))
     dout = torch.randn_like(q)
     out, lse = flash_attn_func(q, k, v, causal=True, deterministic=True, return_attn_probs=True)
     assert out.requires_grad and not lse.requires_grad
     only_out = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
     both = torch.autograd.grad((out * dout).sum() + lse.sum(), (q, k, v), retain_graph=True)
-    assert all(torch.equal(a, b) for a, b in zip(only_out, both)), _tag(seed)
+    assert all(torch.equal(a, b) for a, b in zip(only_out, both)), seed_tag(seed)
     with pytest.raises(RuntimeError, match="does not require grad"):
         torch.autograd.grad(lse.sum(), (q, k, v))
     graphed = torch.autograd.grad(out, (q, k, v), dout, create_graph=True)
-    assert all(torch.equal(a, b) for a, b in zip(only_out, graphed)), f"create_graph changed the bits {_tag(seed)}"
+    assert all(torch.equal(a, b) for a, b in zip(only_out, graphed)), f"create_graph changed the bits {seed_tag(seed)}"
     penalty = sum(g.float().pow(2).sum() for g in graphed)
     with pytest.raises(RuntimeError, match="not differentiable: with create_graph=True") as e:
         torch.autograd.grad(penalty, q)
@@ -380,7 +364,7 @@ def test_repeated_calls_reuse_the_checked_plan_and_still_refuse_bad_input(monkey
     (an option's type, PyTorch's deterministic flag, grad mode) leads to its own plan."""
     from dash import api
 
-    seed = _seed("plans")
+    seed = seed_of("plans")
     q, k, v = _inputs(1, 200, 200, 2, 2, 64, torch.bfloat16, seed)
     api._CALL_PLANS.clear()
     validated, launched = [], []
@@ -395,8 +379,8 @@ def test_repeated_calls_reuse_the_checked_plan_and_still_refuse_bad_input(monkey
     first = flash_attn_func(q, k, v, causal=True)
     again = flash_attn_func(q, k, v, causal=True)
     assert len(validated) == 1, "the second, equal call was validated again"
-    assert torch.equal(first, again), _tag(seed)
-    _check_forward(q, k, v, True, *flash_attn_func(q, k, v, causal=True, return_attn_probs=True), _tag(seed))
+    assert torch.equal(first, again), seed_tag(seed)
+    _check_forward(q, k, v, True, *flash_attn_func(q, k, v, causal=True, return_attn_probs=True), seed_tag(seed))
     assert launched[0] == launched[1] == launched[2]
 
     base = torch.empty(q.numel() + 8, device="cuda", dtype=q.dtype)

@@ -11,15 +11,14 @@ to get the same inputs.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
 import textwrap
-import zlib
 
 import pytest
 import torch
+from seeding import seed_of, seed_tag  # tests/seeding.py (conftest.py puts tests/ on sys.path)
 
 from dash import reference
 from dash.api import attention_backward
@@ -43,19 +42,6 @@ def _inputs(batch, seqlen_q, seqlen_k, heads, heads_k, head_dim, seed, dtype=tor
 def _forward(q, k, v, causal):
     out, lse = reference.attention_forward(q, k, v, causal=causal, compute_dtype=torch.float64)
     return out.to(q.dtype), lse.float()
-
-
-# Fresh inputs on every run (one fixed draw would be tested forever), reproducible from a failure: a
-# seed is crc32 of its parts plus SALT, and every failure message names the seed and the salt (_tag).
-SALT = int(os.environ.get("DASH_TEST_SALT") or int.from_bytes(os.urandom(2), "little"))
-
-
-def _seed(*parts) -> int:
-    return (zlib.crc32(repr(parts).encode()) + SALT) % 2**31
-
-
-def _tag(seed: int) -> str:
-    return f"seed={seed} (DASH_TEST_SALT={SALT})"
 
 
 def _sms() -> int:
@@ -104,7 +90,7 @@ SHAPES = [(1, 1), (113, 203), (203, 113), (1000, 777), (777, 1000), (2048, 2048)
 def test_every_schedule_matches_reference(seqlens, causal, head_dim):
     sq, sk = seqlens
     batch, heads = (1, 2) if sq * sk > 4 * 10**6 else (2, 3)
-    seed = _seed("every", seqlens, causal, head_dim)
+    seed = seed_of("every", seqlens, causal, head_dim)
     q, k, v, dout = _inputs(batch, sq, sk, heads, heads, head_dim, seed)
     out, lse = _forward(q, k, v, causal)
     for schedule in _schedules(causal):  # shift only with the full mask
@@ -120,8 +106,7 @@ def test_every_schedule_matches_reference(seqlens, causal, head_dim):
                     continue
             grads = attention_backward(dout, q, k, v, out, lse, causal=causal, deterministic=det, schedule=schedule)
             _check(q, k, v, dout, out, lse, causal, grads,
-                   f"{schedule} det={det} {seqlens} causal={causal} d={head_dim} {_tag(seed)}")
-
+                   f"{schedule} det={det} {seqlens} causal={causal} d={head_dim} {seed_tag(seed)}")
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])
@@ -134,7 +119,7 @@ def test_deterministic_dq_reads_only_chains_that_were_written(seqlens, head_dim,
     caching allocator too, so such a read would surface."""
     monkeypatch.setenv("DASH_POISON_OUTPUTS", "1")
     sq, sk = seqlens
-    seed = _seed("chains", seqlens, head_dim)
+    seed = seed_of("chains", seqlens, head_dim)
     q, k, v, dout = _inputs(2, sq, sk, 3, 3, head_dim, seed)
     for causal in (False, True):
         out, lse = _forward(q, k, v, causal)
@@ -146,7 +131,7 @@ def test_deterministic_dq_reads_only_chains_that_were_written(seqlens, head_dim,
             del junk
             grads = attention_backward(dout, q, k, v, out, lse, causal=causal, deterministic=True, schedule=schedule)
             _check(q, k, v, dout, out, lse, causal, grads,
-                   f"{schedule} {seqlens} causal={causal} d={head_dim} (NaN-filled cache) {_tag(seed)}")
+                   f"{schedule} {seqlens} causal={causal} d={head_dim} (NaN-filled cache) {seed_tag(seed)}")
 
 
 def _repeat_bitwise(q, k, v, dout, out, lse, causal, schedule, repeats, label, sm_margin=0):
@@ -163,22 +148,22 @@ def _repeat_bitwise(q, k, v, dout, out, lse, causal, schedule, repeats, label, s
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 def test_every_schedule_bitwise_100_repeats(head_dim, causal):
-    seed = _seed("repeat100", head_dim, causal)
+    seed = seed_of("repeat100", head_dim, causal)
     q, k, v, dout = _inputs(2, 2048, 2048, 4, 4, head_dim, seed)
     out, lse = _forward(q, k, v, causal)
     for schedule in _schedules(causal):
-        _repeat_bitwise(q, k, v, dout, out, lse, causal, schedule, 100, f"d={head_dim} causal={causal} {_tag(seed)}")
+        _repeat_bitwise(q, k, v, dout, out, lse, causal, schedule, 100, f"d={head_dim} causal={causal} {seed_tag(seed)}")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 def test_every_schedule_bitwise_1000_repeats(head_dim, causal):
-    seed = _seed("repeat1000", head_dim, causal)
+    seed = seed_of("repeat1000", head_dim, causal)
     q, k, v, dout = _inputs(2, 4096, 4096, 4, 4, head_dim, seed)
     out, lse = _forward(q, k, v, causal)
     for schedule in _schedules(causal):
-        _repeat_bitwise(q, k, v, dout, out, lse, causal, schedule, 1000, f"d={head_dim} causal={causal} {_tag(seed)}")
+        _repeat_bitwise(q, k, v, dout, out, lse, causal, schedule, 1000, f"d={head_dim} causal={causal} {seed_tag(seed)}")
 
 
 #: (batch, seqlen, heads, heads_kv) per (head dim, causal) on which the model, were auto free to rank
@@ -208,7 +193,7 @@ def test_portable_schedules_give_the_same_bits_for_any_cta_count(head_dim, causa
     grid here, so each margin launches a grid of its own (132, 131, 114, 99, 78, 7, 1 CTAs on
     132 SMs). auto is checked on a shape of its own, where the model would pick per grid."""
     batch, seqlen, heads = 2, 2048, 8
-    seed = _seed("portable", head_dim, causal)
+    seed = seed_of("portable", head_dim, causal)
     q, k, v, dout = _inputs(batch, seqlen, seqlen, heads, heads, head_dim, seed)
     out, lse = _forward(q, k, v, causal)
     sms = _sms()
@@ -220,17 +205,17 @@ def test_portable_schedules_give_the_same_bits_for_any_cta_count(head_dim, causa
             got = attention_backward(dout, q, k, v, out, lse, causal=causal, deterministic=True, schedule=schedule,
                                      sm_margin=margin)
             for name, a, b in zip(("dq", "dk", "dv"), base, got):
-                assert torch.equal(a, b), (f"{schedule} d={head_dim} causal={causal} {_tag(seed)}: sm_margin={margin} "
+                assert torch.equal(a, b), (f"{schedule} d={head_dim} causal={causal} {seed_tag(seed)}: sm_margin={margin} "
                                            f"({sms - margin} CTAs) changed {name}")
     # GQA 16/2, shapes where the model, were it free to rank for the launched grid (132, 131, 114,
     # 78 CTAs), picks differently on some of them (AUTO_PER_GRID_SHAPES; tests/test_gpu_test_policy.py
     # checks that on the CPU). Causal rows are longer than 1024 tokens: auto takes fa3 there
     # without the model.
-    seed = _seed("portable-auto", head_dim, causal)
+    seed = seed_of("portable-auto", head_dim, causal)
     batch, seqlen, heads, heads_kv = AUTO_PER_GRID_SHAPES[(head_dim, causal)]
     q, k, v, dout = _inputs(batch, seqlen, seqlen, heads, heads_kv, head_dim, seed)
     out, lse = _forward(q, k, v, causal)
-    _assert_auto_bits_do_not_depend_on_the_grid(q, k, v, dout, out, lse, causal, _tag(seed))
+    _assert_auto_bits_do_not_depend_on_the_grid(q, k, v, dout, out, lse, causal, seed_tag(seed))
 
 
 def _assert_auto_bits_do_not_depend_on_the_grid(q, k, v, dout, out, lse, causal, label):
@@ -262,21 +247,21 @@ def test_auto_bits_do_not_depend_on_the_grid_where_the_model_would_choose_differ
     128, causal 2 x 1280: 320 columns) the model, with the dQ convert's overlap priced (0c4c33b)
     and the kernel's dK/dV chains, ranks descending first on 132 CTAs and fa3 first on 131, 114
     and 78."""
-    seed = _seed("auto-grid")
+    seed = seed_of("auto-grid")
     batch, seqlen, heads, heads_kv = AUTO_GRID_SHAPE
     q, k, v, dout = _inputs(batch, seqlen, seqlen, heads, heads_kv, 128, seed)
     out, lse = _forward(q, k, v, True)
-    _assert_auto_bits_do_not_depend_on_the_grid(q, k, v, dout, out, lse, True, _tag(seed))
+    _assert_auto_bits_do_not_depend_on_the_grid(q, k, v, dout, out, lse, True, seed_tag(seed))
 
 
 def test_shift_is_correct_and_repeatable_on_every_grid_it_is_planned_for():
     """shift's turns are planned for the launched grid (not portable): each grid gives its
     own bits, correct and repeatable, one CTA included."""
-    seed = _seed("shift-grids")
+    seed = seed_of("shift-grids")
     q, k, v, dout = _inputs(2, 2048, 1024, 3, 3, 64, seed)
     out, lse = _forward(q, k, v, False)
     for margin in (0, 100, _sms() - 1):
-        label = f"sm_margin={margin} {_tag(seed)}"
+        label = f"sm_margin={margin} {seed_tag(seed)}"
         grads = _repeat_bitwise(q, k, v, dout, out, lse, False, "shift", 10, label, sm_margin=margin)
         _check(q, k, v, dout, out, lse, False, grads, f"shift {label}")
 
@@ -284,7 +269,7 @@ def test_shift_is_correct_and_repeatable_on_every_grid_it_is_planned_for():
 def _traced(schedule, causal, det, sq=1024, sk=1024, heads=3, batch=2, head_dim=64, sm_margin=0):
     from dash.trace import trace_backward
 
-    seed = _seed("traced", schedule, causal, det, sq, sk, sm_margin)
+    seed = seed_of("traced", schedule, causal, det, sq, sk, sm_margin)
     q, k, v, dout = _inputs(batch, sq, sk, heads, heads, head_dim, seed)
     out, lse = _forward(q, k, v, causal)
     dq, dk, dv, tr = trace_backward(dout, q, k, v, out, lse, causal=causal, deterministic=det, schedule=schedule,
@@ -372,11 +357,11 @@ def test_no_deadlock_on_small_grids_and_awkward_shapes():
 def test_gqa_in_kernel_reduction_accuracy_and_bits(heads, heads_k, causal):
     """The query heads of a KV group reduce-add their dK/dV in the kernel (fp32, fixed order):
     accurate against the reference and bitwise repeatable for every portable schedule."""
-    seed = _seed("gqa", heads, heads_k, causal)
+    seed = seed_of("gqa", heads, heads_k, causal)
     q, k, v, dout = _inputs(1, 640, 1024, heads, heads_k, 128, seed)
     out, lse = _forward(q, k, v, causal)
     for schedule in PORTABLE_KERNEL_SCHEDULES:
-        label = f"GQA {heads}/{heads_k} causal={causal} {_tag(seed)}"
+        label = f"GQA {heads}/{heads_k} causal={causal} {seed_tag(seed)}"
         grads = _repeat_bitwise(q, k, v, dout, out, lse, causal, schedule, 20, label)
         _check(q, k, v, dout, out, lse, causal, grads, f"{label} {schedule}")
         # And the bits do not depend on the grid.
@@ -397,12 +382,12 @@ def test_gqa_nondeterministic_sums(head_dim, causal, heads, heads_k):
     (seqlen_k 777 is a multiple of no tile)."""
     group = heads // heads_k
     assert kernel_dkv_ordered(head_dim, causal, group, deterministic=False) == (group <= 4)
-    seed = _seed("gqa-nondet", head_dim, causal, heads, heads_k)
+    seed = seed_of("gqa-nondet", head_dim, causal, heads, heads_k)
     q, k, v, dout = _inputs(2, 1025, 777, heads, heads_k, head_dim, seed)
     out, lse = _forward(q, k, v, causal)
     for schedule in _schedules(causal):
         for sm_margin in (0, _sms() - 3, _sms() - 1):
-            label = f"GQA {heads}/{heads_k} nondet d={head_dim} causal={causal} {schedule} sm_margin={sm_margin} {_tag(seed)}"
+            label = f"GQA {heads}/{heads_k} nondet d={head_dim} causal={causal} {schedule} sm_margin={sm_margin} {seed_tag(seed)}"
             grads = attention_backward(dout, q, k, v, out, lse, causal=causal, deterministic=False,
                                        schedule=schedule, sm_margin=sm_margin)
             _check(q, k, v, dout, out, lse, causal, grads, label)
@@ -414,7 +399,7 @@ def test_gqa_has_no_per_head_dk_dv_copies():
     accumulators of dK/dV (one per dK/dV chain, config.py dkv_chains, fewer than the group's
     query heads), and nothing per query head (per-head bf16 dK/dV copies, what DASH used to
     keep, would add 2 x 32 heads x 4096 x 128 x 2 B = 64 MiB)."""
-    q, k, v, dout = _inputs(1, 4096, 4096, 32, 8, 128, _seed("gqa-memory"))
+    q, k, v, dout = _inputs(1, 4096, 4096, 32, 8, 128, seed_of("gqa-memory"))
     out, lse = _forward(q, k, v, True)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()

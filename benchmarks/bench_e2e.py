@@ -55,6 +55,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # the checkout's dash/, as benchmarks/bench_bwd.py uses
 
 from dash._bench import results_path as unique_results_path  # noqa: E402  (bench_bwd.py's file names too)
+from dash.cli import int_at_least  # noqa: E402  (the argparse types of `python -m dash`)
 from dash.digest import combined_digest, float32_bits, tensor_digest  # noqa: E402, F401  (float32_bits: for tests)
 
 DEFAULT_OUT = ROOT / "benchmarks" / "results"
@@ -171,22 +172,6 @@ BACKEND_NOTES = {
 # ---------------------------------------------------------------------------------------
 # Arguments
 # ---------------------------------------------------------------------------------------
-def _int_at_least(lo: int) -> Callable[[str], int]:
-    wanted = {0: "a non-negative integer", 1: "a positive integer"}.get(lo, f"an integer >= {lo}")
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or value < lo:
-            raise argparse.ArgumentTypeError(f"{text!r} is not {wanted}")
-        return value
-
-    parse.__name__ = wanted  # argparse names the type in some messages
-    return parse
-
-
 def _positive_float(text: str) -> float:
     try:
         value = float(text)
@@ -213,20 +198,20 @@ def _split_names(values: Optional[Sequence[str]]) -> Optional[list[str]]:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bench_e2e.py", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=_int_at_least(1), default=10, help="timed steps per run (default 10)")
-    p.add_argument("--warmup", type=_int_at_least(0), default=3, help="untimed steps first (default 3)")
-    p.add_argument("--layers", type=_int_at_least(1), default=2, help="transformer blocks (default 2)")
-    p.add_argument("--seqlens", type=_int_at_least(1), nargs="*", default=[4096, 8192],
+    p.add_argument("--steps", type=int_at_least(1), default=10, help="timed steps per run (default 10)")
+    p.add_argument("--warmup", type=int_at_least(0), default=3, help="untimed steps first (default 3)")
+    p.add_argument("--layers", type=int_at_least(1), default=2, help="transformer blocks (default 2)")
+    p.add_argument("--seqlens", type=int_at_least(1), nargs="*", default=[4096, 8192],
                    help="causal cases' sequence lengths (default 4096 8192; none: no causal case)")
-    p.add_argument("--full-seqlens", type=_int_at_least(1), nargs="*", default=[4096],
+    p.add_argument("--full-seqlens", type=int_at_least(1), nargs="*", default=[4096],
                    help="full-mask (non-causal) cases' sequence lengths (default 4096; none: no full case)")
-    p.add_argument("--tokens", type=_int_at_least(1), default=16384,
+    p.add_argument("--tokens", type=int_at_least(1), default=16384,
                    help="tokens per step; batch = tokens // seqlen (default 16384)")
     p.add_argument("--models", nargs="+", default=None, metavar="MODEL",
                    help=f"model shapes (default all): {', '.join(MODELS)}")
     p.add_argument("--backends", nargs="+", default=None, metavar="BACKEND",
                    help=f"attention backends (default: every one importable here): {', '.join(BACKENDS)}")
-    p.add_argument("--seed", type=_int_at_least(0), default=0, help="seed of the weights and the data (default 0)")
+    p.add_argument("--seed", type=int_at_least(0), default=0, help="seed of the weights and the data (default 0)")
     p.add_argument("--lr", type=_positive_float, default=1e-4, help="AdamW learning rate (default 1e-4)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT,
                    help="results folder (default benchmarks/results), or a file name ending in .json")

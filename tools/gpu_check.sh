@@ -27,9 +27,10 @@ for s in "$@"; do case $s in
               tests/test_integration_transformers.py ;;
   slow)     stage slow 500 $PY -m pytest -q -x -m slow tests/test_schedules_gpu.py tests/test_bwd_gpu.py ;;
   bench)    stage bench 420 $PY benchmarks/bench_bwd.py --out-dir "$OUT" ;;
-  sanitize) for tool in synccheck racecheck memcheck initcheck; do
-              stage "sanitize-$tool" 120 env PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool $tool \
-                --kernel-name regex=bwd_ --print-limit 20 $PY tools/sanitize_bwd.py; done ;;
+  sanitize) # the forward's and the backward's launches, dense and packed (varlen) batches
+            for dir in fwd bwd; do for tool in synccheck racecheck memcheck initcheck; do
+              stage "sanitize-$dir-$tool" 150 env PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool $tool \
+                --kernel-name regex=${dir}_ --print-limit 20 $PY tools/sanitize_$dir.py; done; done ;;
   fa3build) # upstream FA3 as an anchor (never part of the repository): .anchors/fa3 prepared by
             # ../shared/tools/fa3-anchor.sh; built in the background while other stages run.
             ( MAX_JOBS=12 bash .anchors/fa3-anchor.sh build .anchors/fa3 > "$OUT/fa3build.log" 2>&1 ) &

@@ -52,6 +52,7 @@ def main() -> int:
     if status:
         return status
     torch.manual_seed(0)
+    failed = 0
     for head_dim in (64, 128):
         for b, sq, sk, h, hk in SHAPES:
             for causal in (False, True):
@@ -78,6 +79,7 @@ def main() -> int:
                     # GQA dk/dv are cast from DASH's fp32 accumulators by a torch kernel, which
                     # initcheck does not instrument, so they are checked on the device instead.
                     ok = finite((dq, dk, dv) if h == hk else (dq,), () if h == hk else (dk, dv))
+                    failed += not ok
                     print(f"hdim {head_dim} b{b} sq{sq} sk{sk} h{h}/{hk} causal={causal} det={det} {schedule}: "
                           f"{'finite' if ok else 'NON-FINITE'}", flush=True)
         for lens_q, lens_k, h, hk in VARLEN_CASES:
@@ -94,9 +96,10 @@ def main() -> int:
                                                      schedule, 0)
                     torch.cuda.synchronize()
                     ok = finite((dq, dk, dv) if h == hk else (dq,), () if h == hk else (dk, dv))
+                    failed += not ok
                     print(f"hdim {head_dim} varlen q{lens_q} k{lens_k} h{h}/{hk} causal={causal} det={det} "
                           f"{schedule}: {'finite' if ok else 'NON-FINITE'}", flush=True)
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -34,17 +34,16 @@ import pytest
 # One salt per session, shared by every module that reads DASH_TEST_SALT at import
 # (tests/seeding.py): fixed here, before any of them is imported, unless the caller set it.
 os.environ.setdefault("DASH_TEST_SALT", str(int.from_bytes(os.urandom(2), "little")))
-TEST_SALT = int(os.environ["DASH_TEST_SALT"])
 
 # The test modules share tests/seeding.py; importlib mode (pyproject.toml) leaves sys.path alone,
 # so this folder goes on it here, before they are imported. (Nothing in it is named like a
 # package the tests import, so the installed dash is still the one imported.)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from seeding import seed_of
+from seeding import SALT, seed_of
 
 
 def pytest_report_header(config):
-    return f"DASH_TEST_SALT={TEST_SALT} (set it to rerun a failure on the same random draws)"
+    return f"DASH_TEST_SALT={SALT} (set it to rerun a failure on the same random draws)"
 
 
 @pytest.fixture(autouse=True)
